@@ -125,9 +125,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._max_batch_size = _positive_int("max_batch_size", max_batch_size)
         self._min_batch_size = _positive_int("min_batch_size", min_batch_size)
         if self._min_batch_size > self._max_batch_size:
-            raise ValueError(
-                f"min_batch_size ({min_batch_size}) must not exceed max_batch_size ({max_batch_size})"
-            )
+            raise ValueError(f"min_batch_size ({min_batch_size}) must not exceed max_batch_size ({max_batch_size})")
         if (
             isinstance(batch_timeout_s, bool)
             or not isinstance(batch_timeout_s, numbers.Real)
@@ -140,9 +138,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._prefetch = _positive_int("prefetch_batches", prefetch_batches)
         self._default_cost = _check_cost(default_cost, "default_cost")
         self._concurrency = _positive_int("max_concurrent_batches", max_concurrent_batches)
-        self._lookahead = (
-            _positive_int("lookahead", lookahead) if lookahead is not None else 16 * self._max_batch_size
-        )
+        self._lookahead = _positive_int("lookahead", lookahead) if lookahead is not None else 16 * self._max_batch_size
         self._length_aware = bool(length_aware)
         self._isolate = bool(isolate_failures)
         self._stats = StatsRecorder(_positive_int("latency_samples", latency_samples))
@@ -195,8 +191,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         name = type(self).__name__
         self._tasks = [loop.create_task(self._aggregation_loop(), name=f"{name}-aggregator")]
         self._tasks += [
-            loop.create_task(self._processing_loop(), name=f"{name}-processor-{i}")
-            for i in range(self._concurrency)
+            loop.create_task(self._processing_loop(), name=f"{name}-processor-{i}") for i in range(self._concurrency)
         ]
         for task in self._tasks:
             task.add_done_callback(self._on_loop_done)
@@ -345,9 +340,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     def _queue_full(self) -> bool:
         """Whether the queue holds a full batch (by budget or size) of at least ``min_batch_size``."""
         queued = len(self._queue)
-        return queued >= self._min_batch_size and (
-            self._queued_cost >= self._target or queued >= self._max_batch_size
-        )
+        return queued >= self._min_batch_size and (self._queued_cost >= self._target or queued >= self._max_batch_size)
 
     async def _sleep(self, deadline: float | None) -> None:
         """Sleep until ``deadline`` or until a producer, a processing loop or ``stop`` wakes us."""

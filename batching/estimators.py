@@ -44,9 +44,7 @@ class HFTokenCounter:
             try:
                 from transformers import AutoTokenizer
             except ImportError as exc:  # pragma: no cover - depends on the environment
-                raise ImportError(
-                    "HFTokenCounter needs the 'transformers' package: pip install transformers"
-                ) from exc
+                raise ImportError("HFTokenCounter needs the 'transformers' package: pip install transformers") from exc
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         if cache_size < 0 or extra_tokens < 0:
             raise ValueError("cache_size and extra_tokens must be >= 0")

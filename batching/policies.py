@@ -36,9 +36,7 @@ def take_fifo(queue: deque[Entry], target_cost: int, max_size: int) -> tuple[lis
     return [popleft() for _ in range(count)], cost
 
 
-def take_length_aware(
-    queue: deque[Entry], target_cost: int, max_size: int, lookahead: int
-) -> tuple[list[Entry], int]:
+def take_length_aware(queue: deque[Entry], target_cost: int, max_size: int, lookahead: int) -> tuple[list[Entry], int]:
     """Pop a batch of similar-cost records from the first ``lookahead`` entries; return it and its cost.
 
     The oldest entry (the head) is always in the batch; the rest are its nearest neighbours by cost,

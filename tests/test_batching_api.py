@@ -48,9 +48,7 @@ async def echo(batch: list) -> list:
     return list(batch)
 
 
-@pytest.mark.parametrize(
-    ("cls", "expected"), [(DynamicBatcher, REFERENCE_DYNAMIC), (TokenBatcher, REFERENCE_TOKEN)]
-)
+@pytest.mark.parametrize(("cls", "expected"), [(DynamicBatcher, REFERENCE_DYNAMIC), (TokenBatcher, REFERENCE_TOKEN)])
 def test_constructor_keeps_the_reference_parameters_and_defaults(cls, expected):
     params = inspect.signature(cls.__init__).parameters
     for name, default in expected.items():

@@ -301,9 +301,7 @@ async def test_submit_waits_when_the_queue_is_full_and_nowait_raises():
         await release.wait()
         return batch
 
-    async with DynamicBatcher(
-        gated, max_batch_size=1, max_queue_size=2, batch_timeout_s=0, prefetch_batches=1
-    ) as b:
+    async with DynamicBatcher(gated, max_batch_size=1, max_queue_size=2, batch_timeout_s=0, prefetch_batches=1) as b:
         first = await b.submit(0)  # taken by the processing loop
         await asyncio.sleep(0.01)
         await b.submit(1)  # prefetched as a full batch

@@ -75,9 +75,7 @@ async def test_failure_isolation_fails_only_the_bad_records():
             raise ValueError("bad record in batch")
         return [r * 10 for r in batch]
 
-    async with DynamicBatcher(
-        picky, max_batch_size=8, batch_timeout_s=0.005, isolate_failures=True
-    ) as batcher:
+    async with DynamicBatcher(picky, max_batch_size=8, batch_timeout_s=0.005, isolate_failures=True) as batcher:
         futures = await batcher.submit_batch(list(range(1, 21)))
         results = await asyncio.gather(*futures, return_exceptions=True)
     for r, result in zip(range(1, 21), results):
@@ -180,9 +178,7 @@ async def test_hf_token_counter_counts_caches_and_feeds_token_batcher():
     async def echo(batch):
         return batch
 
-    async with TokenBatcher(
-        echo, token_estimator=HFTokenCounter(FakeTokenizer()), batch_timeout_s=0.001
-    ) as b:
+    async with TokenBatcher(echo, token_estimator=HFTokenCounter(FakeTokenizer()), batch_timeout_s=0.001) as b:
         await (await b.submit("four words right here"))
         assert b.stats.total_batch_cost == 4
 

@@ -1,0 +1,162 @@
+"""The application's configuration (the ``args`` of ``serve_config.yaml``), validated by pydantic when the
+app is built, so a bad value fails ``serve run`` at once with a message naming the field."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .models import BUNDLED, BUNDLED_NAME
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SamplingDefaults(_Strict):
+    """Sampling used when a request leaves a field out."""
+
+    max_tokens: int = Field(128, ge=1, description="new tokens per prompt")
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: list[str] | None = None
+    seed: int | None = None
+
+
+class BatcherSettings(_Strict):
+    """The replica's TokenBatcher; live-reconfigurable through ``user_config``."""
+
+    target_batch_tokens: int = Field(
+        32_768, ge=1, description="token budget of a batch: prompt tokens + max_tokens of each request"
+    )
+    max_batch_size: int = Field(64, ge=1)
+    batch_timeout_s: float = Field(0.01, ge=0.0, le=60.0)
+    max_queue_size: int = Field(4_096, ge=1, description="queued prompts before requests get 503")
+    max_concurrent_batches: int = Field(
+        2, ge=1, description="batches inside the engine at once (vLLM batches continuously inside)"
+    )
+    length_aware: bool = False
+    isolate_failures: bool = False
+
+    @model_validator(mode="after")
+    def _queue_holds_a_batch(self) -> BatcherSettings:
+        if self.max_queue_size < self.max_batch_size:
+            raise ValueError(
+                f"batcher.max_queue_size ({self.max_queue_size}) must be >= batcher.max_batch_size "
+                f"({self.max_batch_size}), or batches can never fill"
+            )
+        return self
+
+
+class VLLMSettings(_Strict):
+    """vLLM engine options (``AsyncEngineArgs``); ``engine_args`` passes anything else through."""
+
+    max_model_len: int = Field(2_048, ge=16)
+    dtype: str = "auto"
+    enforce_eager: bool | None = Field(None, description="default: True on CPU, False on GPU")
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    cpu_kvcache_space_gb: int = Field(2, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU-only hosts")
+    max_num_seqs: int | None = Field(None, ge=1)
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class SimulatedSettings(_Strict):
+    """The simulated engine (no model): deterministic text, time from a cost model.
+
+    A batch takes ``batch_overhead_s + prefill_s_per_token * prompt tokens`` (``padded``: batch size x the
+    longest prompt) plus, for each decode step, ``step_s + step_s_per_seq * sequences still running``.
+    """
+
+    max_model_len: int = Field(2_048, ge=16)
+    batch_overhead_s: float = Field(0.0, ge=0.0)
+    prefill_s_per_token: float = Field(0.0, ge=0.0)
+    step_s: float = Field(0.0, ge=0.0)
+    step_s_per_seq: float = Field(0.0, ge=0.0)
+    padded: bool = False
+    fail_marker: str | None = Field(
+        "__simulated_fail__", description="a prompt containing it fails (testing the error paths)"
+    )
+    die_marker: str | None = Field(
+        "__simulated_die__", description="a prompt containing it kills the engine (testing health checks)"
+    )
+
+
+class AutoscalingSettings(_Strict):
+    """Replica autoscaling on ongoing requests (Ray Serve's ``autoscaling_config``)."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(2, ge=1)
+    target_ongoing_requests: float = Field(32, gt=0)
+    upscale_delay_s: float = Field(5.0, ge=0)
+    downscale_delay_s: float = Field(60.0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscalingSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"autoscaling.min_replicas ({self.min_replicas}) must be <= "
+                f"autoscaling.max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class AppConfig(_Strict):
+    """Everything the app needs; ``serve_config.yaml``'s ``args`` are this model."""
+
+    engine: Literal["vllm", "simulated"] = "vllm"
+    model: str = Field(BUNDLED, min_length=1, description="'bundled', a local folder or a hub model id")
+    served_model_name: str | None = Field(None, description="name in OpenAI responses; default: model")
+    gpus_per_replica: Literal["auto"] | int = Field("auto", description="'auto': 1 when the cluster has GPUs, else 0")
+    cpus_per_replica: float = Field(1.0, gt=0)
+    max_prompts_per_request: int = Field(256, ge=1)
+    max_tokens_limit: int = Field(1_024, ge=1, description="largest max_tokens a request may ask for")
+    max_prompt_chars: int = Field(200_000, ge=1, description="longest prompt text accepted, before tokenizing")
+    max_ongoing_requests: int = Field(256, ge=1, description="per replica; must let batches fill")
+    graceful_shutdown_timeout_s: float = Field(60.0, ge=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    batcher: BatcherSettings = Field(default_factory=BatcherSettings)
+    autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings)
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    simulated: SimulatedSettings = Field(default_factory=SimulatedSettings)
+
+    @field_validator("gpus_per_replica")
+    @classmethod
+    def _non_negative(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("gpus_per_replica must be 'auto' or an integer >= 0")
+        return value
+
+    @model_validator(mode="after")
+    def _batches_can_fill(self) -> AppConfig:
+        # Ray Serve caps a replica's concurrent requests at max_ongoing_requests; below the batch size,
+        # single-prompt requests could never fill a batch (Ray only warns about this; we refuse).
+        if self.max_ongoing_requests < self.batcher.max_batch_size:
+            raise ValueError(
+                f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= batcher.max_batch_size "
+                f"({self.batcher.max_batch_size}), or batches can never fill"
+            )
+        if self.sampling.max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"sampling.max_tokens ({self.sampling.max_tokens}) must be <= max_tokens_limit "
+                f"({self.max_tokens_limit})"
+            )
+        if self.autoscaling.target_ongoing_requests > self.max_ongoing_requests:
+            raise ValueError(
+                f"autoscaling.target_ongoing_requests ({self.autoscaling.target_ongoing_requests}) must be "
+                f"<= max_ongoing_requests ({self.max_ongoing_requests})"
+            )
+        return self
+
+    @property
+    def max_model_len(self) -> int:
+        """The context length of the selected engine."""
+        return self.vllm.max_model_len if self.engine == "vllm" else self.simulated.max_model_len
+
+    @property
+    def model_name(self) -> str:
+        """The name clients see in responses (``bundled`` shows as the bundled model's name)."""
+        if self.served_model_name:
+            return self.served_model_name
+        return BUNDLED_NAME if self.model == BUNDLED else self.model

@@ -1,0 +1,27 @@
+"""Engines behind one interface (:class:`Engine`): ``vllm`` (AsyncLLM) and ``simulated``."""
+
+from __future__ import annotations
+
+from ..config import AppConfig
+from ..models import resolve
+from .base import Engine, EngineDeadError, GenerationRequest, GenerationResult, SamplingOptions
+
+__all__ = [
+    "Engine",
+    "EngineDeadError",
+    "GenerationRequest",
+    "GenerationResult",
+    "SamplingOptions",
+    "build_engine",
+]
+
+
+def build_engine(config: AppConfig) -> Engine:
+    """The engine the config selects (``vllm`` is imported only when chosen)."""
+    if config.engine == "simulated":
+        from .simulated import SimulatedEngine
+
+        return SimulatedEngine(config.simulated)
+    from .vllm_engine import VLLMEngine
+
+    return VLLMEngine(resolve(config.model), config.vllm)

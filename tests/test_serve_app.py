@@ -1,0 +1,225 @@
+"""Integration: a local Ray Serve app with the SIMULATED engine, reached over HTTP and through handles.
+
+These check the serving logic (batching across requests, order, validation, backpressure, draining,
+reconfiguration, health); the real engine is covered by test_real_model.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.serve
+
+SLOW_ENGINE = {"batch_overhead_s": 0.05, "step_s": 0.001}
+
+
+def deploy(name: str, route: str, **args):
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    base = {
+        "engine": "simulated",
+        "simulated": SLOW_ENGINE,
+        "autoscaling": {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 64},
+        "cpus_per_replica": 0.5,
+    }
+    for key, value in args.items():
+        if isinstance(value, dict):
+            base[key] = {**base.get(key, {}), **value}
+        else:
+            base[key] = value
+    return serve.run(build_app(base), name=name, route_prefix=route)
+
+
+@pytest.fixture(scope="module")
+def app(serve_instance):
+    handle = deploy("main", "/main", batcher={"max_batch_size": 32, "batch_timeout_s": 0.02})
+    return serve_instance + "/main", handle
+
+
+async def test_concurrent_http_requests_are_batched_and_answered_in_order(app):
+    url, _ = app
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        before = (await client.get("/stats")).json()["batcher"]
+        responses = await asyncio.gather(
+            *(
+                client.post(
+                    "/generate", json={"prompts": [f"alpha {i}", f"beta {i}", f"gamma {i}"], "task_id": f"t{i}"}
+                )
+                for i in range(40)
+            )
+        )
+        after = (await client.get("/stats")).json()
+    assert all(r.status_code == 200 for r in responses)
+    for i, response in enumerate(responses):
+        body = response.json()
+        assert body["task_id"] == f"t{i}"
+        assert [text.split()[1] for text in body["results"]] == ["alpha", "beta", "gamma"]
+        assert all(f" {i}" in text for text in body["results"])
+        assert [d["finish_reason"] for d in body["details"]] == ["length"] * 3
+    batches = after["batcher"]["total_batches"] - before["total_batches"]
+    records = after["batcher"]["total_completed"] - before["total_completed"]
+    assert records == 120
+    assert batches < records / 4  # many requests shared each batch
+    assert after["batcher"]["avg_batch_size"] > 1
+    assert after["engine"] == "simulated" and after["replica"]["replica_id"]
+
+
+async def test_concurrent_handle_calls_are_batched(app):
+    _, handle = app
+    before = await handle.stats.remote()
+    results = await asyncio.gather(*(handle.generate.remote(f"prompt number {i}", max_tokens=3) for i in range(30)))
+    after = await handle.stats.remote()
+    assert [r["text"] for r in results] == [f"[simulated] prompt number {i}" for i in range(30)]
+    assert all(r["output_tokens"] == 3 for r in results)
+    assert after["batcher"]["total_batches"] - before["batcher"]["total_batches"] < 15
+    rows = await handle.generate_batch.remote(["one", "two", "three"], max_tokens=1)
+    assert [r["text"] for r in rows] == ["[simulated] one", "[simulated] two", "[simulated] three"]
+
+
+async def test_openai_endpoints_answer_in_openai_shapes(app):
+    url, _ = app
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        chat = await client.post(
+            "/v1/chat/completions",
+            json={"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        )
+        completion = await client.post("/v1/completions", json={"prompt": ["a b", "c d"], "max_tokens": 2})
+        models = await client.get("/v1/models")
+    assert chat.status_code == 200, chat.text
+    body = chat.json()
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] == 3
+    assert completion.status_code == 200
+    assert [c["text"] for c in completion.json()["choices"]] == ["[simulated] a b", "[simulated] c d"]
+    assert models.json()["data"][0]["id"] == "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        ({}, 422, "prompts"),
+        ({"prompts": []}, 400, "no prompts"),
+        ({"prompts": "just a string"}, 422, "prompts"),
+        ({"prompts": ["  "]}, 400, "prompts[0] is empty"),
+        ({"prompts": [1, 2]}, 422, "prompts"),
+        ({"prompts": ["x"] * 300}, 400, "at most 256"),
+        ({"prompts": ["x" * 9000]}, 400, "context"),
+        ({"prompts": ["hi"], "max_tokens": 0}, 422, "max_tokens"),
+        ({"prompts": ["hi"], "max_tokens": 5000}, 400, "max_tokens=5000"),
+        ({"prompts": ["x" * 6000], "max_tokens": 1000}, 400, "exceeds the model's context"),
+        ({"prompts": ["hi"], "temperature": -1}, 422, "temperature"),
+        ({"prompts": ["hi"], "top_p": 0}, 422, "top_p"),
+        ({"prompts": ["hi"], "stop": [""]}, 422, "stop"),
+        ({"prompts": ["hi"], "bogus": 1}, 422, "bogus"),
+    ],
+)
+async def test_bad_input_gets_a_clear_4xx(app, body, status, fragment):
+    url, _ = app
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        response = await client.post("/generate", json=body)
+    assert response.status_code == status, response.text
+    assert fragment in response.text
+
+
+async def test_malformed_json_and_wrong_model_are_rejected(app):
+    url, _ = app
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        bad_json = await client.post("/generate", content=b"{not json", headers={"content-type": "application/json"})
+        wrong_model = await client.post("/v1/completions", json={"model": "gpt-9", "prompt": "x"})
+        streaming = await client.post("/v1/completions", json={"prompt": "x", "stream": True})
+    assert bad_json.status_code == 422 and "json" in bad_json.text.lower()
+    assert wrong_model.status_code == 400 and "gpt-9" in wrong_model.text
+    assert streaming.status_code == 422 and "stream" in streaming.text
+
+
+async def test_handle_bad_input_raises_value_error(app):
+    _, handle = app
+    with pytest.raises(ValueError, match="no prompts"):
+        await handle.generate_batch.remote([])
+    with pytest.raises(ValueError, match="max_tokens"):
+        await handle.generate.remote("hi", max_tokens=-3)
+
+
+async def test_engine_failure_of_one_prompt_keeps_the_others(app):
+    url, handle = app
+    rows = await handle.generate_batch.remote(["fine", "__simulated_fail__ please", "also fine"], max_tokens=1)
+    assert [r["error"] is None for r in rows] == [True, False, True]
+    assert "simulated failure" in rows[1]["error"]
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        response = await client.post("/generate", json={"prompts": ["__simulated_fail__"]})
+    assert response.status_code == 500 and "prompt 0 failed" in response.text
+
+
+async def test_full_queue_fails_fast_with_503_and_retry_after(serve_instance):
+    handle = deploy(
+        "tiny",
+        "/tiny",
+        simulated={"batch_overhead_s": 0.5},
+        batcher={"max_batch_size": 2, "max_queue_size": 2, "max_concurrent_batches": 1, "batch_timeout_s": 0},
+    )
+    async with httpx.AsyncClient(base_url=serve_instance + "/tiny", timeout=60) as client:
+        responses = await asyncio.gather(*(client.post("/generate", json={"prompts": [f"p{i}"]}) for i in range(16)))
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 503}
+    assert codes.count(503) >= 1 and codes.count(200) >= 2
+    for r in responses:
+        if r.status_code == 503:
+            assert r.headers["retry-after"] == "1" and "overloaded" in r.text
+    from batching import QueueFullError
+
+    calls = [handle.generate.remote(f"h{i}") for i in range(12)]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert any(isinstance(o, QueueFullError) for o in outcomes)
+    assert all(isinstance(o, (dict, QueueFullError)) for o in outcomes)
+
+
+async def test_reconfigure_changes_batcher_knobs_live(serve_instance):
+    from ray import serve
+
+    from serve_app.app import deployment_options
+    from serve_app.config import AppConfig
+    from serve_app.server import LLMServer
+
+    config = AppConfig(engine="simulated", autoscaling={"min_replicas": 1, "max_replicas": 1}, cpus_per_replica=0.5)
+    deployment = LLMServer.options(**deployment_options(config))
+    handle = serve.run(deployment.bind(config.model_dump()), name="knobs", route_prefix="/knobs")
+    assert (await handle.stats.remote())["batcher_settings"]["max_batch_size"] == 64
+    live = deployment.options(user_config={"batcher": {"max_batch_size": 3, "batch_timeout_s": 0.05}})
+    handle = serve.run(live.bind(config.model_dump()), name="knobs", route_prefix="/knobs")
+    stats = await handle.stats.remote()
+    assert stats["batcher_settings"]["max_batch_size"] == 3
+    assert stats["batcher"]["total_completed"] == 0  # the same settings path, a fresh batcher
+    results = await asyncio.gather(*(handle.generate.remote(f"r{i}", max_tokens=1) for i in range(9)))
+    assert len(results) == 9
+    after = (await handle.stats.remote())["batcher"]
+    assert after["total_completed"] == 9 and after["avg_batch_size"] <= 3
+
+
+async def test_replica_shutdown_drains_queued_requests(serve_instance):
+    from ray import serve
+
+    handle = deploy("drain", "/drain", simulated={"batch_overhead_s": 0.3}, batcher={"max_batch_size": 4})
+    calls = [handle.generate.remote(f"queued {i}", max_tokens=2) for i in range(16)]
+    await asyncio.sleep(0.2)  # all admitted: one batch running, the rest queued in the batcher
+    started = time.monotonic()
+    await asyncio.to_thread(serve.delete, "drain")
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert [r["text"] for r in results] == [f"[simulated] queued {i}" for i in range(16)], results
+    assert time.monotonic() - started < 60
+
+
+async def test_dead_engine_fails_health_check_and_healthz(serve_instance):
+    handle = deploy("dying", "/dying")
+    async with httpx.AsyncClient(base_url=serve_instance + "/dying", timeout=30) as client:
+        assert (await client.get("/healthz")).status_code == 200
+        response = await client.post("/generate", json={"prompts": ["__simulated_die__"]})
+        assert response.status_code == 503 and "engine" in response.text
+        health = await client.get("/healthz")
+    assert health.status_code == 503 and "unhealthy" in health.text
+    del handle

@@ -1,0 +1,64 @@
+"""Configuration validation: a bad value fails at build time, with a message naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from serve_app.app import build_app, deployment_options
+from serve_app.config import AppConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_defaults_are_valid_and_select_the_bundled_model_on_vllm():
+    config = AppConfig()
+    assert config.engine == "vllm" and config.model == "bundled"
+    assert config.model_name == "SmolLM2-135M-Instruct"
+    assert config.max_ongoing_requests >= config.batcher.max_batch_size
+
+
+def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
+    spec = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    (app,) = spec["applications"]
+    assert app["import_path"] == "serve_app.app:build_app"
+    config = AppConfig.model_validate(app["args"])
+    assert config.engine == "vllm" and config.model == "bundled"
+    assert (config.autoscaling.min_replicas, config.autoscaling.max_replicas) == (1, 2)
+    options = deployment_options(config)
+    assert options["autoscaling_config"]["max_replicas"] == 2
+    assert options["max_ongoing_requests"] >= config.batcher.max_batch_size
+    assert options["ray_actor_options"]["num_gpus"] == 0  # no Ray cluster with GPUs here
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"engine": "tgi"}, "engine"),
+        ({"model": ""}, "model"),
+        ({"gpus_per_replica": -1}, "gpus_per_replica"),
+        ({"gpus_per_replica": "many"}, "gpus_per_replica"),
+        ({"batcher": {"max_batch_size": 0}}, "max_batch_size"),
+        ({"batcher": {"batch_timeout_s": -1}}, "batch_timeout_s"),
+        ({"batcher": {"target_batch_tokens": "lots"}}, "target_batch_tokens"),
+        ({"batcher": {"max_batch_size": 64, "max_queue_size": 8}}, "max_queue_size"),
+        ({"batcher": {"max_batch_sise": 8}}, "max_batch_sise"),
+        ({"max_ongoing_requests": 8, "batcher": {"max_batch_size": 64}}, "max_ongoing_requests"),
+        ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas"),
+        ({"sampling": {"temperature": 5}}, "temperature"),
+        ({"sampling": {"max_tokens": 4096}, "max_tokens_limit": 1024}, "max_tokens"),
+        ({"unknown_knob": 1}, "unknown_knob"),
+    ],
+)
+def test_bad_config_fails_at_build_time_naming_the_field(args, field):
+    with pytest.raises(ValidationError, match=field):
+        build_app(args)
+
+
+def test_gpus_per_replica_explicit_value_is_used():
+    config = AppConfig(engine="vllm", gpus_per_replica=2)
+    assert deployment_options(config)["ray_actor_options"]["num_gpus"] == 2
+    assert deployment_options(AppConfig(engine="simulated"))["ray_actor_options"]["num_gpus"] == 0
