@@ -124,7 +124,7 @@ class VLLMEngine(Engine):
         return engine_input
 
     async def abort(self, request_id: str) -> None:
-        if self._dead is None:
+        if self._dead is None and self._llm is not None:
             await self._llm.abort(request_id)
 
     async def check_health(self) -> None:
@@ -137,5 +137,8 @@ class VLLMEngine(Engine):
             raise EngineDeadError(f"vLLM engine failed its health check: {exc!r}") from exc
 
     async def shutdown(self) -> None:
+        if self._llm is None:
+            return
         self._dead = self._dead or EngineDeadError("shut down")
-        await asyncio.to_thread(self._llm.shutdown)
+        llm, self._llm = self._llm, None  # vLLM's own __del__ would shut it down again at interpreter exit
+        await asyncio.to_thread(llm.shutdown)

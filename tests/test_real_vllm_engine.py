@@ -1,0 +1,86 @@
+"""The vLLM engine against the real vLLM CPU build and the bundled SmolLM2 model (slow: about a minute)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """One event loop for the module: AsyncLLM binds its output handler to the loop it first runs on."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def engine(loop):
+    pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
+    from serve_app.config import VLLMSettings
+    from serve_app.engines.vllm_engine import VLLMEngine
+    from serve_app.models import prepare
+
+    engine = VLLMEngine(str(prepare()), VLLMSettings(max_model_len=1024))
+    yield engine
+    loop.run_until_complete(engine.shutdown())
+
+
+def request(engine, prompt=None, messages=None, request_id="r", **sampling):
+    from serve_app.engines import GenerationRequest, SamplingOptions
+
+    sampling.setdefault("max_tokens", 16)
+    if messages is not None:
+        ids, text = engine.encode_chat(messages)
+    else:
+        ids, text = engine.encode(prompt), prompt
+    return GenerationRequest(request_id, ids, SamplingOptions(**sampling), text)
+
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_batch_of_prompts_and_chats_with_per_request_sampling(engine, loop):
+    batch = [
+        request(engine, messages=FRANCE, request_id="chat", max_tokens=24),
+        request(engine, "The capital of France is", request_id="plain", max_tokens=8),
+        request(engine, "Count: one, two, three,", request_id="one-token", max_tokens=1),
+        request(engine, "List three colors:", request_id="stopped", max_tokens=48, stop=("\n",)),
+    ]
+    results = loop.run_until_complete(engine.generate(batch))
+    by_id = {r.request_id: r for r in results}
+    assert [r.request_id for r in results] == ["chat", "plain", "one-token", "stopped"]
+    assert "Paris" in by_id["chat"].text
+    assert by_id["chat"].prompt_tokens == len(batch[0].prompt_token_ids)
+    assert 0 < by_id["chat"].output_tokens <= 24
+    assert by_id["plain"].output_tokens <= 8
+    assert by_id["one-token"].output_tokens == 1 and by_id["one-token"].finish_reason == "length"
+    assert "\n" not in by_id["stopped"].text
+    assert all(r.error is None for r in results)
+
+
+def test_seeded_sampling_is_reproducible(engine, loop):
+    def sample(request_id):
+        req = request(engine, "Once upon a time", request_id=request_id, max_tokens=12, temperature=1.0, seed=7)
+        return loop.run_until_complete(engine.generate([req]))[0].text
+
+    assert sample("s1") == sample("s2")
+
+
+def test_abort_stops_a_running_request(engine, loop):
+    async def scenario():
+        long = request(engine, "Write a very long story about a dragon.", request_id="long", max_tokens=400)
+        task = asyncio.ensure_future(engine.generate([long]))
+        await asyncio.sleep(1.0)
+        await engine.abort("long")
+        return await asyncio.wait_for(task, timeout=60)
+
+    (result,) = loop.run_until_complete(scenario())
+    assert result.finish_reason == "abort" or result.output_tokens < 400
+
+
+def test_health_check_passes(engine, loop):
+    loop.run_until_complete(engine.check_health())
