@@ -106,6 +106,7 @@ class LLMServer:
         self.batcher = self._new_batcher(self.config.batcher)
         await self.batcher.start()
         self._aborts: set[asyncio.Task] = set()
+        self._ongoing = self._peak_ongoing = 0  # requests inside the batcher now, and at most so far
         self._metrics_task = asyncio.get_running_loop().create_task(self._export_gauges())
         logger.info(
             "replica ready in %.1f s: engine=%s model=%s",
@@ -150,6 +151,8 @@ class LLMServer:
         except QueueFullError:
             self.metrics.rejected.inc(len(requests))
             raise
+        self._ongoing += 1
+        self._peak_ongoing = max(self._peak_ongoing, self._ongoing)
         try:
             outcomes = await asyncio.wait_for(
                 asyncio.gather(*futures, return_exceptions=True), timeout=self.config.request_timeout_s
@@ -160,6 +163,8 @@ class LLMServer:
                 if future.cancelled():
                     self._abort_soon(request.request_id)
             raise
+        finally:
+            self._ongoing -= 1
         results: list[GenerationResult] = []
         for request, outcome in zip(requests, outcomes):
             if isinstance(outcome, (EngineDeadError, BatcherError)):
@@ -223,6 +228,8 @@ class LLMServer:
             },
             "engine": self.engine.name,
             "model": self.config.model_name,
+            "autoscaling": self.config.autoscaling.model_dump(),
+            "requests": {"ongoing": self._ongoing, "peak": self._peak_ongoing},
             "batcher_settings": self.config.batcher.model_dump(),
             "batcher": self.batcher.stats.to_dict(),
         }

@@ -1,9 +1,15 @@
-"""Shared fixtures: a local Ray + Serve instance (loopback only) for the integration tests."""
+"""Shared fixtures: one local Ray + Serve instance per test session (loopback only) and an app factory.
+
+One Ray cluster per pytest process: connecting one process to several clusters in turn trips Ray's
+reference counting (repeated job and object ids). The end-to-end test of `serve run` therefore runs its
+own cluster in subprocesses (test_real_app.py) and never connects this process to it.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
+from typing import Any
 
 import pytest
 
@@ -19,9 +25,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def serve_instance():
-    """Ray (2 CPUs) and Serve with HTTP on a free loopback port; torn down after the module."""
+    """Ray (2 CPUs) and Serve with HTTP on a free loopback port; the base URL."""
     ray = pytest.importorskip("ray")
     from ray import serve
 
@@ -33,3 +39,37 @@ def serve_instance():
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+SIMULATED_DEFAULTS: dict[str, Any] = {
+    "engine": "simulated",
+    "autoscaling": {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 64},
+    "cpus_per_replica": 0.25,
+}
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``base`` updated by ``extra``, one level of nested dicts merged."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) else value
+    return out
+
+
+@pytest.fixture(scope="module")
+def deploy_app(serve_instance):
+    """``deploy_app(name, **args)``: run a SIMULATED-engine app at ``/name``; deleted after the module."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    names: list[str] = []
+
+    def deploy(name: str, **args: Any):
+        handle = serve.run(build_app(merge(SIMULATED_DEFAULTS, args)), name=name, route_prefix=f"/{name}")
+        names.append(name)
+        return handle
+
+    yield deploy
+    for name in names:
+        serve.delete(name)

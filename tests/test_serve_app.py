@@ -17,28 +17,9 @@ pytestmark = pytest.mark.serve
 SLOW_ENGINE = {"batch_overhead_s": 0.05, "step_s": 0.001}
 
 
-def deploy(name: str, route: str, **args):
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    base = {
-        "engine": "simulated",
-        "simulated": SLOW_ENGINE,
-        "autoscaling": {"min_replicas": 1, "max_replicas": 1, "target_ongoing_requests": 64},
-        "cpus_per_replica": 0.5,
-    }
-    for key, value in args.items():
-        if isinstance(value, dict):
-            base[key] = {**base.get(key, {}), **value}
-        else:
-            base[key] = value
-    return serve.run(build_app(base), name=name, route_prefix=route)
-
-
 @pytest.fixture(scope="module")
-def app(serve_instance):
-    handle = deploy("main", "/main", batcher={"max_batch_size": 32, "batch_timeout_s": 0.02})
+def app(serve_instance, deploy_app):
+    handle = deploy_app("main", simulated=SLOW_ENGINE, batcher={"max_batch_size": 32, "batch_timeout_s": 0.02})
     return serve_instance + "/main", handle
 
 
@@ -156,10 +137,9 @@ async def test_engine_failure_of_one_prompt_keeps_the_others(app):
     assert response.status_code == 500 and "prompt 0 failed" in response.text
 
 
-async def test_full_queue_fails_fast_with_503_and_retry_after(serve_instance):
-    handle = deploy(
+async def test_full_queue_fails_fast_with_503_and_retry_after(serve_instance, deploy_app):
+    handle = deploy_app(
         "tiny",
-        "/tiny",
         simulated={"batch_overhead_s": 0.5},
         batcher={"max_batch_size": 2, "max_queue_size": 2, "max_concurrent_batches": 1, "batch_timeout_s": 0},
     )
@@ -186,7 +166,7 @@ async def test_reconfigure_changes_batcher_knobs_live(serve_instance):
     from serve_app.config import AppConfig
     from serve_app.server import LLMServer
 
-    config = AppConfig(engine="simulated", autoscaling={"min_replicas": 1, "max_replicas": 1}, cpus_per_replica=0.5)
+    config = AppConfig(engine="simulated", autoscaling={"min_replicas": 1, "max_replicas": 1}, cpus_per_replica=0.25)
     deployment = LLMServer.options(**deployment_options(config))
     handle = serve.run(deployment.bind(config.model_dump()), name="knobs", route_prefix="/knobs")
     assert (await handle.stats.remote())["batcher_settings"]["max_batch_size"] == 64
@@ -199,12 +179,18 @@ async def test_reconfigure_changes_batcher_knobs_live(serve_instance):
     assert len(results) == 9
     after = (await handle.stats.remote())["batcher"]
     assert after["total_completed"] == 9 and after["avg_batch_size"] <= 3
+    serve.delete("knobs")
 
 
 async def test_replica_shutdown_drains_queued_requests(serve_instance):
     from ray import serve
 
-    handle = deploy("drain", "/drain", simulated={"batch_overhead_s": 0.3}, batcher={"max_batch_size": 4})
+    from serve_app.app import build_app
+
+    from .conftest import SIMULATED_DEFAULTS, merge
+
+    args = merge(SIMULATED_DEFAULTS, {"simulated": {"batch_overhead_s": 0.3}, "batcher": {"max_batch_size": 4}})
+    handle = serve.run(build_app(args), name="drain", route_prefix="/drain")
     calls = [handle.generate.remote(f"queued {i}", max_tokens=2) for i in range(16)]
     await asyncio.sleep(0.2)  # all admitted: one batch running, the rest queued in the batcher
     started = time.monotonic()
@@ -214,8 +200,8 @@ async def test_replica_shutdown_drains_queued_requests(serve_instance):
     assert time.monotonic() - started < 60
 
 
-async def test_dead_engine_fails_health_check_and_healthz(serve_instance):
-    handle = deploy("dying", "/dying")
+async def test_dead_engine_fails_health_check_and_healthz(serve_instance, deploy_app):
+    handle = deploy_app("dying")
     async with httpx.AsyncClient(base_url=serve_instance + "/dying", timeout=30) as client:
         assert (await client.get("/healthz")).status_code == 200
         response = await client.post("/generate", json={"prompts": ["__simulated_die__"]})

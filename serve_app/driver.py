@@ -1,0 +1,193 @@
+"""Batch inference from the command line: stream a dataset through the running Serve app with Ray Data.
+
+    python -m serve_app.driver --input data/problems.jsonl --output out/ [--app llm] [--concurrency N]
+        [--prompt-column prompt] [--id-column id] [--limit K] [--format jsonl|parquet] [--max-tokens 64]
+
+Reads JSONL, JSON, Parquet or CSV; writes one output row per input row (JSONL or Parquet) into the output
+folder; Ray Data shows progress; ends with a summary: rows, errors, output tokens/s, wall time, accuracy
+(when the input has an ``answer`` column) and the replicas' batch statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def read(path: str) -> Any:
+    """A Ray Dataset from a file or folder, by extension (a folder is read as JSONL unless it holds Parquet)."""
+    import ray.data
+
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if p.is_dir():
+        suffix = ".parquet" if any(p.glob("*.parquet")) else ".jsonl"
+    kind = READERS.get(suffix)
+    if kind is None:
+        raise ValueError(f"cannot read '{path}': use .jsonl, .json, .parquet or .csv")
+    if kind == "json":
+        return ray.data.read_json(path, lines=suffix == ".jsonl" or p.is_dir())
+    return getattr(ray.data, f"read_{kind}")(path)
+
+
+def replica_stats(app: str, deployment: str, probes: int = 24) -> dict[str, dict[str, Any]]:
+    """The batch statistics of each replica that answers ``probes`` stats calls, by replica id."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(deployment, app_name=app)
+    seen: dict[str, dict[str, Any]] = {}
+    for _ in range(probes):
+        info = handle.stats.remote().result(timeout_s=60)
+        seen[info["replica"]["replica_id"]] = info["batcher"]
+    return seen
+
+
+def batch_summary(before: dict[str, dict], after: dict[str, dict]) -> dict[str, Any]:
+    """Batches formed during the run, over the replicas seen: averages and utilization."""
+    batches = records = cost = 0
+    utilization = []
+    for replica, stats in after.items():
+        prior = before.get(replica, {})
+        batches += stats["total_batches"] - prior.get("total_batches", 0)
+        records += stats["total_completed"] - prior.get("total_completed", 0)
+        cost += stats["total_batch_cost"] - prior.get("total_batch_cost", 0)
+        utilization.append(stats["utilization"])
+    return {
+        "replicas": len(after),
+        "batches": batches,
+        "avg_batch_size": records / batches if batches else 0.0,
+        "avg_batch_tokens": cost / batches if batches else 0.0,
+        "utilization": sum(utilization) / len(utilization) if utilization else 0.0,
+    }
+
+
+def first_number(text: str) -> int | None:
+    """The first integer in ``text``, for scoring answers."""
+    match = re.search(r"-?\d+", text.replace(",", ""))
+    return int(match.group()) if match else None
+
+
+def summarize(output: str, fmt: str, has_answer: bool) -> dict[str, Any]:
+    """Rows, errors, output tokens and (with answers) accuracy, read back from the written output."""
+    import ray.data
+
+    ds = ray.data.read_parquet(output) if fmt == "parquet" else ray.data.read_json(output, lines=True)
+    rows = errors = tokens = correct = 0
+    ids: set[Any] = set()
+    duplicates = 0
+    for batch in ds.iter_batches(batch_format="pandas", batch_size=4096):
+        rows += len(batch)
+        errors += int(batch["error"].notna().sum())
+        tokens += int(batch["output_tokens"].sum())
+        if "id" in batch:
+            for row_id in batch["id"].tolist():
+                duplicates += row_id in ids
+                ids.add(row_id)
+        if has_answer:
+            correct += sum(first_number(str(t)) == a for t, a in zip(batch["text"], batch["answer"]))
+    return {"rows": rows, "errors": errors, "output_tokens": tokens, "correct": correct, "duplicate_ids": duplicates}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Stream the input through the app, write the output, and return the summary."""
+    from .data import generate
+
+    ds = read(args.input)
+    columns = ds.columns()
+    for name, flag in ((args.prompt_column, "--prompt-column"), (args.id_column, "--id-column")):
+        if name not in columns:
+            raise ValueError(f"the input has no column '{name}' (columns: {columns}); name it with {flag}")
+    if args.limit:
+        ds = ds.limit(args.limit)
+    rows_in = ds.count()
+    before = replica_stats(args.app, args.deployment)
+    sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
+    out = generate(
+        ds,
+        app=args.app,
+        deployment=args.deployment,
+        prompt_column=args.prompt_column,
+        concurrency=args.concurrency,
+        batch_size=args.batch_size,
+        fail_fast=args.fail_fast,
+        **sampling,
+    )
+    if args.id_column != "id":
+        out = out.rename_columns({args.id_column: "id"})
+    started = time.monotonic()
+    if args.format == "parquet":
+        out.write_parquet(args.output)
+    else:
+        out.write_json(args.output)
+    wall = time.monotonic() - started
+    result = summarize(args.output, args.format, "answer" in columns)
+    after = replica_stats(args.app, args.deployment)
+    summary = {
+        "rows_in": rows_in,
+        "rows_out": result["rows"],
+        "errors": result["errors"],
+        "duplicate_ids": result["duplicate_ids"],
+        "output_tokens": result["output_tokens"],
+        "wall_s": round(wall, 2),
+        "output_tokens_per_s": round(result["output_tokens"] / wall, 1) if wall else 0.0,
+        "batching": batch_summary(before, after),
+        "output": str(args.output),
+    }
+    if "answer" in columns:
+        summary["accuracy"] = round(result["correct"] / max(1, result["rows"]), 3)
+    return summary
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m serve_app.driver", description=__doc__.splitlines()[0])
+    p.add_argument("--input", required=True, help="a .jsonl, .json, .parquet or .csv file (or folder)")
+    p.add_argument("--output", required=True, help="the output folder")
+    p.add_argument("--app", default="llm", help="the Serve application name")
+    p.add_argument("--deployment", default="LLMServer")
+    p.add_argument("--concurrency", type=int, default=None, help="requests in flight (default: what the app absorbs)")
+    p.add_argument("--batch-size", type=int, default=8, help="rows per request")
+    p.add_argument("--prompt-column", default="prompt")
+    p.add_argument("--id-column", default="id")
+    p.add_argument("--limit", type=int, default=None, help="only the first K rows")
+    p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--fail-fast", action="store_true", help="fail the job on the first failed row")
+    p.add_argument("--address", default="auto", help="the Ray cluster running the app")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    import ray
+
+    try:
+        ray.init(address=args.address, namespace="serve", log_to_driver=False)
+    except ConnectionError as exc:
+        print(
+            f"error: no running Ray cluster at '{args.address}' ({exc}); start the app first: make serve",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        summary = run(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=2))
+    ok = summary["rows_in"] == summary["rows_out"] and not summary["duplicate_ids"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

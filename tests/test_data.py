@@ -1,0 +1,124 @@
+"""Ray Data pipelines through a local Serve app with the SIMULATED engine: rows in equal rows out, ids
+kept, errors kept to their own rows, the concurrency cap respected, and the driver's summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from serve_app.sample import make, write
+
+pytestmark = pytest.mark.serve
+
+
+@pytest.fixture(scope="module")
+def app(deploy_app):
+    return deploy_app(
+        "data",
+        simulated={"batch_overhead_s": 0.02},
+        autoscaling={"target_ongoing_requests": 8},
+    )
+
+
+def test_pipeline_keeps_rows_ids_and_errors_in_place(app):
+    import ray.data
+
+    from serve_app.data import generate
+
+    rows = [{"id": i, "prompt": f"row {i} says hello"} for i in range(300)]
+    for i in (7, 123, 250):
+        rows[i]["prompt"] = f"row {i} __simulated_fail__"
+    for i in (40, 41):
+        rows[i]["prompt"] = "   "  # invalid: refused by validation, in its own row only
+    before = app.stats.remote().result()
+    out = generate(ray.data.from_items(rows), app="data", concurrency=3, batch_size=8, max_tokens=3)
+    got = sorted(out.take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == list(range(300))  # one row out per row in, none duplicated
+    for row in got:
+        i = row["id"]
+        if i in (7, 123, 250):
+            assert row["error"] and "simulated failure" in row["error"]
+        elif i in (40, 41):
+            assert row["error"].startswith("invalid") and "empty" in row["error"]
+        else:
+            assert row["error"] is None
+            assert row["text"] == f"[simulated] row {i} says", row  # each row got its own answer
+            assert row["output_tokens"] == 3 and row["finish_reason"] == "length"
+    after = app.stats.remote().result()
+    assert after["requests"]["peak"] <= 3  # the concurrency cap held at the app
+    assert after["batcher"]["total_batches"] - before["batcher"]["total_batches"] < 300 / 4
+
+
+def test_default_concurrency_is_what_the_app_absorbs(app):
+    from serve_app.data import actor_pool, app_capacity
+
+    assert app_capacity("data") == 1 * 8  # max_replicas x target_ongoing_requests
+    pool = actor_pool(8)
+    assert pool.max_size * pool.max_concurrent_calls_per_actor >= 8
+    assert pool.max_size * pool.max_concurrent_calls_per_actor < 8 + pool.max_size  # no more than asked
+
+
+def test_transient_overload_is_retried_until_every_row_succeeds(deploy_app):
+    import ray.data
+
+    from serve_app.data import generate
+
+    deploy_app(
+        "busy",
+        simulated={"batch_overhead_s": 0.05},
+        batcher={"max_batch_size": 4, "max_queue_size": 4, "max_concurrent_batches": 1},
+        max_ongoing_requests=64,
+    )
+    rows = [{"id": i, "prompt": f"p {i}"} for i in range(120)]
+    out = generate(ray.data.from_items(rows), app="busy", concurrency=12, batch_size=4, max_tokens=2, max_retries=20)
+    got = out.take_all()
+    assert sorted(r["id"] for r in got) == list(range(120))
+    assert all(r["error"] is None for r in got), [r["error"] for r in got if r["error"]][:3]
+
+
+def test_fail_fast_fails_the_job(app):
+    import ray.data
+
+    from serve_app.data import generate
+
+    rows = [{"id": 0, "prompt": "ok"}, {"id": 1, "prompt": "__simulated_fail__"}]
+    with pytest.raises(Exception, match="simulated failure"):
+        generate(ray.data.from_items(rows), app="data", concurrency=1, fail_fast=True).take_all()
+
+
+def test_driver_streams_the_sample_dataset_and_summarizes(app, tmp_path):
+    from serve_app import driver
+
+    data = write(tmp_path / "problems.jsonl", rows=60)
+    args = driver.parser().parse_args(
+        ["--input", str(data), "--output", str(tmp_path / "out"), "--app", "data", "--max-tokens", "4", "--limit", "50"]
+    )
+    summary = driver.run(args)
+    assert summary["rows_in"] == summary["rows_out"] == 50
+    assert summary["errors"] == 0 and summary["duplicate_ids"] == 0
+    assert summary["output_tokens"] == 50 * 4
+    assert 0 <= summary["accuracy"] <= 1
+    assert summary["batching"]["replicas"] == 1 and summary["batching"]["avg_batch_size"] >= 1
+    written = [json.loads(line) for f in (tmp_path / "out").glob("*.json*") for line in f.read_text().splitlines()]
+    assert sorted(r["id"] for r in written) == list(range(50))
+
+
+def test_driver_refuses_a_missing_column(app, tmp_path):
+    from serve_app import driver
+
+    data = write(tmp_path / "problems.jsonl", rows=5)
+    args = argparse.Namespace(
+        **{**vars(driver.parser().parse_args(["--input", str(data), "--output", "x"])), "prompt_column": "question"}
+    )
+    with pytest.raises(ValueError, match="no column 'question'"):
+        driver.run(args)
+
+
+def test_sample_dataset_is_reproducible_with_known_answers():
+    rows = make(50, seed=3)
+    assert rows == make(50, seed=3)
+    assert len({len(r["prompt"]) for r in rows}) > 20  # varied lengths
+    first = rows[0]
+    assert set(first) == {"id", "prompt", "answer"} and isinstance(first["answer"], int)

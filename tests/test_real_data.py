@@ -1,0 +1,42 @@
+"""A small Ray Data run against the bundled real model: the in-process path (one vLLM engine and one
+TokenBatcher in a Ray Data actor, no Serve app). Slow: about a minute."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app.sample import make
+
+pytestmark = pytest.mark.slow
+
+
+def test_in_process_generate_answers_every_row(serve_instance):
+    pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
+    import ray.data
+
+    from serve_app.data import InProcessGenerate
+    from serve_app.models import prepare
+
+    prepare()
+    rows = make(12, seed=1)
+    rows[5]["prompt"] = ""  # refused by validation, in its own row
+    out = ray.data.from_items(rows).map_batches(
+        InProcessGenerate,
+        fn_constructor_kwargs={
+            "config": {"engine": "vllm", "vllm": {"max_model_len": 1024}},
+            "sampling": {"max_tokens": 12},
+        },
+        batch_size=4,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=3),
+        num_cpus=1,
+    )
+    got = sorted(out.take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == list(range(12))
+    assert got[5]["error"] and "empty" in got[5]["error"]
+    answered = [r for r in got if r["error"] is None]
+    assert len(answered) == 11
+    # Every row got a finished generation; a tiny model may end one at once (EOS: one token, no text).
+    assert all(r["finish_reason"] in ("stop", "length") for r in answered)
+    assert sum(1 for r in answered if r["text"].strip()) >= 8
+    assert all(0 < r["output_tokens"] <= 12 for r in answered)
