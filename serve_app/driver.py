@@ -22,6 +22,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+IO_CPUS = 0.25
+"""CPUs each read or write task asks for. Ray Data's default is a whole CPU, which on a small machine
+whose replicas hold most CPUs would never be free: the job would wait forever. These tasks are I/O."""
 
 
 def read(path: str) -> Any:
@@ -36,8 +39,8 @@ def read(path: str) -> Any:
     if kind is None:
         raise ValueError(f"cannot read '{path}': use .jsonl, .json, .parquet or .csv")
     if kind == "json":
-        return ray.data.read_json(path, lines=suffix == ".jsonl" or p.is_dir())
-    return getattr(ray.data, f"read_{kind}")(path)
+        return ray.data.read_json(path, lines=suffix == ".jsonl" or p.is_dir(), num_cpus=IO_CPUS)
+    return getattr(ray.data, f"read_{kind}")(path, num_cpus=IO_CPUS)
 
 
 def replica_stats(app: str, deployment: str, probes: int = 24) -> dict[str, dict[str, Any]]:
@@ -81,7 +84,10 @@ def summarize(output: str, fmt: str, has_answer: bool) -> dict[str, Any]:
     """Rows, errors, output tokens and (with answers) accuracy, read back from the written output."""
     import ray.data
 
-    ds = ray.data.read_parquet(output) if fmt == "parquet" else ray.data.read_json(output, lines=True)
+    if fmt == "parquet":
+        ds = ray.data.read_parquet(output, num_cpus=IO_CPUS)
+    else:
+        ds = ray.data.read_json(output, lines=True, num_cpus=IO_CPUS)
     rows = errors = tokens = correct = 0
     ids: set[Any] = set()
     duplicates = 0
@@ -125,10 +131,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.id_column != "id":
         out = out.rename_columns({args.id_column: "id"})
     started = time.monotonic()
+    io = {"num_cpus": IO_CPUS}
     if args.format == "parquet":
-        out.write_parquet(args.output)
+        out.write_parquet(args.output, ray_remote_args=io)
     else:
-        out.write_json(args.output)
+        out.write_json(args.output, ray_remote_args=io)
     wall = time.monotonic() - started
     result = summarize(args.output, args.format, "answer" in columns)
     after = replica_stats(args.app, args.deployment)
