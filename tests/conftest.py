@@ -25,6 +25,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the `serve run` end-to-end module first: its cluster is then the only one on the machine, as on
+    a user's, so the README's ``ray.init(address="auto")`` finds it; the session's cluster starts later."""
+    items.sort(key=lambda item: item.module.__name__.rsplit(".", 1)[-1] != "test_real_app")
+
+
 @pytest.fixture(scope="session")
 def serve_instance():
     """Ray (2 CPUs) and Serve with HTTP on a free loopback port; the base URL."""

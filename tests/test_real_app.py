@@ -108,7 +108,7 @@ def test_bad_input_is_refused_up_front(served_app):
 
 
 def test_readme_deployment_handle_example_runs_as_written(served_app):
-    _, env = served_app
+    _, env = served_app  # this module runs first (conftest), so the app's cluster is the only one
     readme = (ROOT / "README.md").read_text()
     (example,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "get_app_handle" in b]
     result = subprocess.run(
