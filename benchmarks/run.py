@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import platform
 import sys
 import time
@@ -185,21 +185,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=list(BENCHES), default=list(BENCHES))
     args = parser.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    sections = []
+    suffix = "-quick" if args.quick else ""
     for name in args.only:
+        started = time.time()
         print(f"== {name}", flush=True)
         section = BENCHES[name](args.quick)
+        minutes = (time.time() - started) / 60
+        stamp = f"\n_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._\n"
+        (RESULTS / f"{name}{suffix}.md").write_text(section + stamp)
         print(section, flush=True)
-        sections.append(section)
+    # RESULTS.md gathers the latest run of every section (so one section can be rerun on its own).
     header = (
         f"# Benchmark results\n\n`python -m benchmarks.run{' --quick' if args.quick else ''}` on "
-        f"{platform.machine()}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
-        f"{(time.time() - started) / 60:.0f} min. Medians of repeated runs.\n\n"
+        f"{platform.machine()} ({os.cpu_count()} cores), Python {platform.python_version()}. "
+        "Medians of repeated runs; every peer measured in the same run.\n\n"
     )
-    out = RESULTS / ("RESULTS-quick.md" if args.quick else "RESULTS.md")
-    out.write_text(header + "\n".join(sections))
-    (RESULTS / "sections.json").write_text(json.dumps(args.only))
+    parts = [
+        (RESULTS / f"{name}{suffix}.md").read_text() for name in BENCHES if (RESULTS / f"{name}{suffix}.md").exists()
+    ]
+    out = RESULTS / f"RESULTS{suffix}.md"
+    out.write_text(header + "\n".join(parts))
     print(f"wrote {out}")
     return 0
 

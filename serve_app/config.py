@@ -39,6 +39,10 @@ class BatcherSettings(_Strict):
     length_aware: bool = False
     isolate_failures: bool = False
 
+    def batcher_kwargs(self) -> dict[str, Any]:
+        """These settings as ``TokenBatcher`` keyword arguments (every field maps one to one)."""
+        return self.model_dump()
+
     @model_validator(mode="after")
     def _queue_holds_a_batch(self) -> BatcherSettings:
         if self.max_queue_size < self.max_batch_size:

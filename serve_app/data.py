@@ -223,16 +223,7 @@ class InProcessGenerate:
         self.requests = RequestBuilder(self.engine, self.config)
         self.options = self.requests.sampling(sampling or {})
         self.prompt_column = prompt_column
-        settings = self.config.batcher
-        self.batcher = TokenBatcher(
-            self.engine.generate,
-            target_batch_tokens=settings.target_batch_tokens,
-            max_batch_size=settings.max_batch_size,
-            batch_timeout_s=settings.batch_timeout_s,
-            max_queue_size=settings.max_queue_size,
-            max_concurrent_batches=settings.max_concurrent_batches,
-            length_aware=settings.length_aware,
-        )
+        self.batcher = TokenBatcher(self.engine.generate, **self.config.batcher.batcher_kwargs())
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from .validation import RequestError

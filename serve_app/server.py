@@ -116,16 +116,7 @@ class LLMServer:
         )
 
     def _new_batcher(self, settings: BatcherSettings) -> TokenBatcher[GenerationRequest, GenerationResult]:
-        return TokenBatcher(
-            self._process,
-            target_batch_tokens=settings.target_batch_tokens,
-            max_batch_size=settings.max_batch_size,
-            batch_timeout_s=settings.batch_timeout_s,
-            max_queue_size=settings.max_queue_size,
-            max_concurrent_batches=settings.max_concurrent_batches,
-            length_aware=settings.length_aware,
-            isolate_failures=settings.isolate_failures,
-        )
+        return TokenBatcher(self._process, **settings.batcher_kwargs())
 
     async def _process(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """The batcher's process_fn: one batch into the engine."""
