@@ -74,6 +74,7 @@ def overhead(quick: bool) -> str:
                 ("p50_ms", "p50 ms", ".1f"),
                 ("p99_ms", "p99 ms", ".1f"),
                 ("ours_speedup", "ours is x faster", ".1f"),
+                ("added_us", "µs/record above the floor", ".1f"),
             ],
         )
         + "\n\n![overhead](overhead.png)\n"

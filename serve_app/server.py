@@ -124,7 +124,7 @@ class LLMServer:
         self.metrics.observe_batch(
             len(batch),
             sum(r.estimate_tokens() for r in batch),
-            [now - getattr(r, "submitted_at", now) for r in batch],
+            [now - r.submitted_at for r in batch],
         )
         return await self.engine.generate(batch)
 

@@ -3,7 +3,6 @@ up front what the engine would fail on (empty input, too many prompts, a prompt 
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -96,6 +95,4 @@ class RequestBuilder:
                 f"{what} has {len(token_ids)} tokens and asks for max_tokens={sampling.max_tokens}: "
                 f"{len(token_ids) + sampling.max_tokens} exceeds the model's context of {context} tokens"
             )
-        request = GenerationRequest(f"req-{uuid.uuid4().hex}", token_ids, sampling, text)
-        request.submitted_at = time.monotonic()  # type: ignore[attr-defined]
-        return request
+        return GenerationRequest(f"req-{uuid.uuid4().hex}", token_ids, sampling, text)

@@ -4,6 +4,7 @@ tokenization (for token costs and context checks), abort, health and shutdown.""
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,6 +33,8 @@ class GenerationRequest:
     prompt_token_ids: list[int]
     sampling: SamplingOptions
     prompt_text: str = ""
+    submitted_at: float = field(default_factory=time.monotonic)
+    """When it passed validation (``time.monotonic``): the start of its queue wait."""
 
     def estimate_tokens(self) -> int:
         """Its KV-cache footprint: the prompt plus every token it may generate (the batcher's cost)."""
@@ -48,13 +51,10 @@ class GenerationResult:
     output_tokens: int
     finish_reason: str
     error: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        data = asdict(self)
-        data.pop("extra")
-        return data
+        return asdict(self)
 
 
 class Engine(abc.ABC):

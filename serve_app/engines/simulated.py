@@ -31,7 +31,6 @@ class SimulatedEngine(Engine):
         self.max_model_len = settings.max_model_len
         self._dead: str | None = None
         self._aborted: set[str] = set()
-        self.batches_run = 0
 
     def encode(self, text: str) -> list[int]:
         return [sum(text[i : i + CHARS_PER_TOKEN].encode()) for i in range(0, len(text), CHARS_PER_TOKEN)]
@@ -63,7 +62,6 @@ class SimulatedEngine(Engine):
             logger.error("simulated engine: die marker seen; the engine is now dead")
             raise EngineDeadError("simulated engine died (die marker)")
         await asyncio.sleep(self.batch_seconds(batch))
-        self.batches_run += 1
         return [self._result(r) for r in batch]
 
     def _result(self, request: GenerationRequest) -> GenerationResult:
