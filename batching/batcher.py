@@ -171,6 +171,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     @property
     def stats(self) -> BatchStats:
         """A fresh :class:`BatchStats` snapshot; ``stats.to_dict()`` gives a plain dict for export."""
+        self._purge_cancelled()
         return self._stats.snapshot(len(self._queue), self._queued_cost, self._in_flight)
 
     async def start(self) -> None:
@@ -235,7 +236,9 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         if self._state is not _RUNNING:
             self._refuse()
         cost = self._cost_of(record, estimated_cost)
-        if len(self._queue) + self._admission.debt >= self._max_queue_size:
+        if len(self._queue) + self._admission.debt >= self._max_queue_size and (
+            not self._purge_cancelled() or self._full()
+        ):
             await self._admission.wait(self._loop)
             if self._state is not _RUNNING:
                 self._admission.grant()  # the slot we were given goes to the next in line
@@ -297,8 +300,12 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             f"{type(self).__name__} is not running: call `await batcher.start()` first, or use `async with`"
         )
 
+    def _full(self) -> bool:
+        """No place for one more record without waiting (queued plus reserved plus waiting producers)."""
+        return len(self._queue) + self._admission.debt >= self._max_queue_size
+
     def _check_room(self, count: int) -> None:
-        if not self._admission.has_room(count):
+        if not self._admission.has_room(count) and not (self._purge_cancelled() and self._admission.has_room(count)):
             raise QueueFullError(
                 f"queue full: {len(self._queue)} of max_queue_size={self._max_queue_size} records queued, "
                 f"{count} more asked for"
@@ -324,6 +331,24 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
                 f"estimated_cost has {len(explicit)} entries but records has {len(records)}; they must match"
             )
         return [self._cost_of(record, cost) for record, cost in zip(records, explicit)]
+
+    def _purge_cancelled(self) -> int:
+        """Drop queued records whose callers cancelled them, freeing their places and budget at once.
+
+        A cancelled future stays in the queue until something looks (no per-record done-callback: it would
+        cost every record a loop callback); this runs when the queue is full and when stats are read.
+        Returns how many places it freed (and handed to waiting producers).
+        """
+        queue = self._queue
+        live = [entry for entry in queue if not entry[FUTURE].done()]
+        dropped = len(queue) - len(live)
+        if dropped:
+            queue.clear()
+            queue.extend(live)
+            self._queued_cost = sum(entry[COST] for entry in live)
+            self._stats.cancelled += dropped
+            self._admission.grant()
+        return dropped
 
     def _enqueue(self, record: Any, cost: int) -> asyncio.Future:
         future = self._loop.create_future()

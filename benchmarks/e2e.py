@@ -8,7 +8,7 @@
 Each runs in its own process (one engine at a time on the CPU); reported: output tokens/s and the ratio to
 (c). Greedy decoding with a fixed ``max_tokens``, so every mode generates comparable work.
 
-    python -m benchmarks.e2e --prompts 48 --max-tokens 16
+    python -m benchmarks.e2e --prompts 64 --max-tokens 32 --repeats 3
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -32,22 +33,25 @@ def prompts(n: int) -> list[str]:
     return [row["prompt"] for row in make(n, seed=0)]
 
 
-def run_offline(texts: list[str], max_tokens: int) -> dict[str, Any]:
+def run_offline(texts: list[str], max_tokens: int, repeats: int) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # as the app's engine has (serve_config.yaml)
     from vllm import LLM, SamplingParams
 
+    from serve_app.engines.vllm_engine import cpu_dtype
     from serve_app.models import prepare
 
-    llm = LLM(model=str(prepare()), max_model_len=2048, enforce_eager=True, dtype="bfloat16")
+    llm = LLM(model=str(prepare()), max_model_len=2048, enforce_eager=True, dtype=cpu_dtype())  # as the app
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     llm.generate(texts[:2], params)  # warm up
-    started = time.perf_counter()
-    outputs = llm.generate(texts, params)
-    wall = time.perf_counter() - started
-    return {"output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs), "wall_s": wall}
+    walls = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        outputs = llm.generate(texts, params)
+        walls.append(time.perf_counter() - started)
+    return {"output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs), "wall_s": statistics.median(walls)}
 
 
-def run_app(texts: list[str], max_tokens: int, batched: bool) -> dict[str, Any]:
+def run_app(texts: list[str], max_tokens: int, batched: bool, repeats: int) -> dict[str, Any]:
     import ray
     import yaml
     from ray import serve
@@ -68,33 +72,36 @@ def run_app(texts: list[str], max_tokens: int, batched: bool) -> dict[str, Any]:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     handle = serve.run(build_app(args), name="llm", route_prefix="/")
     handle.generate.remote("warm up", max_tokens=2).result()
-    ds = ray.data.from_items([{"id": i, "prompt": t} for i, t in enumerate(texts)])
-    started = time.perf_counter()
-    rows = generate(ds, app="llm", max_tokens=max_tokens).take_all()
-    wall = time.perf_counter() - started
+    walls = []
+    for _ in range(repeats):  # the whole job each time: Ray Data's start-up counts
+        ds = ray.data.from_items([{"id": i, "prompt": t} for i, t in enumerate(texts)])
+        started = time.perf_counter()
+        rows = generate(ds, app="llm", max_tokens=max_tokens).take_all()
+        walls.append(time.perf_counter() - started)
+        assert len(rows) == len(texts) and not any(r["error"] for r in rows), "rows lost or failed"
     stats = handle.stats.remote().result()["batcher"]
     serve.shutdown()
     ray.shutdown()
-    assert len(rows) == len(texts) and not any(r["error"] for r in rows), "rows lost or failed"
     return {
         "output_tokens": sum(int(r["output_tokens"]) for r in rows),
-        "wall_s": wall,
+        "wall_s": statistics.median(walls),
         "avg_batch_size": stats["avg_batch_size"],
     }
 
 
-def run_mode(mode: str, n: int, max_tokens: int) -> dict[str, Any]:
+def run_mode(mode: str, n: int, max_tokens: int, repeats: int) -> dict[str, Any]:
     texts = prompts(n)
     if mode == "offline":
-        result = run_offline(texts, max_tokens)
+        result = run_offline(texts, max_tokens, repeats)
     else:
-        result = run_app(texts, max_tokens, batched=mode == "app-batched")
+        result = run_app(texts, max_tokens, mode == "app-batched", repeats)
     result["mode"] = mode
     result["output_tokens_per_s"] = result["output_tokens"] / result["wall_s"]
     return result
 
 
-def measure(n: int, max_tokens: int, modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:
+def measure(n: int, max_tokens: int, repeats: int = 1, modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:
+    """Each mode in its own process (one engine on the CPU at a time); wall is the median of ``repeats``."""
     rows = []
     for mode in modes:
         out = subprocess.run(
@@ -108,6 +115,8 @@ def measure(n: int, max_tokens: int, modes: tuple[str, ...] = MODES) -> list[dic
                 str(n),
                 "--max-tokens",
                 str(max_tokens),
+                "--repeats",
+                str(repeats),
             ],
             capture_output=True,
             text=True,
@@ -128,15 +137,16 @@ def measure(n: int, max_tokens: int, modes: tuple[str, ...] = MODES) -> list[dic
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=48)
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_mode(args.one, args.prompts, args.max_tokens)))
+        print(json.dumps(run_mode(args.one, args.prompts, args.max_tokens, args.repeats)))
         return 0
-    rows = measure(args.prompts, args.max_tokens)
+    rows = measure(args.prompts, args.max_tokens, args.repeats)
     for r in rows:
         print(
             f"{r['mode']:<14} {r['output_tokens_per_s']:7.2f} tok/s  {r['wall_s']:7.1f}s  "

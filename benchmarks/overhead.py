@@ -8,6 +8,11 @@ Peers, all in this one process and run interleaved so machine noise hits each al
 Each producer submits its share of the records, then awaits all its results (the seeds' pattern). With
 ``@serve.batch`` a caller awaits each call, so a producer runs its calls as concurrent tasks.
 
+Before each run the harness collects and freezes the garbage collector's heap (``gc.freeze()``, as
+long-running servers do after start-up): importing Ray and the reference leaves about 160,000 tracked
+objects; without freezing, every full collection walks them all, a tax that falls hardest on whichever
+peer allocates fastest.
+
     python -m benchmarks.overhead --records 200000 --producers 1 16 256 --repeats 5
 """
 
@@ -168,7 +173,11 @@ def measure(records: int, producers_list: list[int], repeats: int, peers: list[s
         for producers in producers_list:
             for peer in peers:
                 gc.collect()
-                seconds, lat = asyncio.run(PEERS[peer](records, producers))
+                gc.freeze()
+                try:
+                    seconds, lat = asyncio.run(PEERS[peer](records, producers))
+                finally:
+                    gc.unfreeze()
                 lat.sort()
                 p50 = lat[len(lat) // 2]
                 p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]

@@ -12,7 +12,7 @@ from typing import Any
 from ray.serve import Application
 
 from .config import AppConfig
-from .server import LLMServer
+from .server import RETRY_AFTER_S, LLMServer
 
 logger = logging.getLogger("serve_app")
 
@@ -36,6 +36,8 @@ def deployment_options(config: AppConfig) -> dict[str, Any]:
     return {
         "ray_actor_options": {"num_cpus": config.cpus_per_replica, "num_gpus": gpus_per_replica(config)},
         "max_ongoing_requests": config.max_ongoing_requests,
+        "max_queued_requests": config.max_queued_requests,
+        "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
         "autoscaling_config": {
             "min_replicas": scaling.min_replicas,
             "initial_replicas": max(1, scaling.min_replicas),

@@ -84,6 +84,9 @@ class SimulatedSettings(_Strict):
     die_marker: str | None = Field(
         "__simulated_die__", description="a prompt containing it kills the engine (testing health checks)"
     )
+    raise_marker: str | None = Field(
+        "__simulated_raise__", description="a batch holding it raises after running (testing failure isolation)"
+    )
 
 
 class AutoscalingSettings(_Strict):
@@ -116,7 +119,16 @@ class AppConfig(_Strict):
     max_prompts_per_request: int = Field(256, ge=1)
     max_tokens_limit: int = Field(1_024, ge=1, description="largest max_tokens a request may ask for")
     max_prompt_chars: int = Field(200_000, ge=1, description="longest prompt text accepted, before tokenizing")
-    max_ongoing_requests: int = Field(256, ge=1, description="per replica; must let batches fill")
+    max_ongoing_requests: int = Field(
+        4_096,
+        ge=1,
+        description="per replica; >= the batch size so batches fill, and best as large as the batcher's queue: "
+        "the batcher queues by tokens and sheds load with 503 + Retry-After, while Serve's own queue stalls "
+        "once replicas are saturated",
+    )
+    max_queued_requests: int = Field(
+        -1, ge=-1, description="per caller (HTTP proxy, handle) waiting for a replica; beyond: 503. -1: no cap"
+    )
     graceful_shutdown_timeout_s: float = Field(60.0, ge=0)
     request_timeout_s: float = Field(600.0, gt=0)
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)

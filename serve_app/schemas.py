@@ -3,9 +3,29 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+
+def is_valid_unicode(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8: JSON's ``\\ud800`` escapes decode to lone surrogates, which no
+    tokenizer and no JSON response can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _valid_unicode(value: str) -> str:
+    if not is_valid_unicode(value):
+        raise ValueError("not valid Unicode: holds a lone surrogate (such as '\\ud800')")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+"""A string that encodes to UTF-8 (JSON lets a client send lone surrogates; nothing downstream takes them)."""
 
 
 class SamplingFields(BaseModel):
@@ -14,7 +34,7 @@ class SamplingFields(BaseModel):
     max_tokens: int | None = Field(None, ge=1, description="new tokens per prompt")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
 
     @field_validator("stop")
@@ -34,8 +54,8 @@ class GenerateRequest(SamplingFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompts: list[str] = Field(..., description="one or more prompts, answered in order")
-    task_id: str | None = Field(None, max_length=256)
+    prompts: list[Text] = Field(..., description="one or more prompts, answered in order")
+    task_id: Text | None = Field(None, max_length=256)
 
 
 class PromptResult(BaseModel):
@@ -61,16 +81,16 @@ class CompletionRequest(SamplingFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
-    prompt: str | list[str]
+    model: Text | None = None
+    prompt: Text | list[Text]
     n: Literal[1] = 1
     stream: Literal[False] = False
-    user: str | None = None
+    user: Text | None = None
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: Text
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -78,11 +98,11 @@ class ChatCompletionRequest(SamplingFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str | None = None
+    model: Text | None = None
     messages: list[ChatMessage] = Field(..., min_length=1)
     n: Literal[1] = 1
     stream: Literal[False] = False
-    user: str | None = None
+    user: Text | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
 
 

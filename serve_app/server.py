@@ -16,6 +16,7 @@ Sampling keywords: ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed`
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -24,7 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 
 from batching import BatcherError, BatcherStoppedError, QueueFullError, TokenBatcher
@@ -60,6 +62,24 @@ class PromptFailedError(RuntimeError):
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"detail": message}, status_code=status, headers=headers)
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+    """422 naming each bad field. FastAPI's own handler echoes the input back and fails with a 500 when it
+    cannot be encoded (bytes that are not UTF-8, lone surrogates): here the input is shown escaped."""
+    detail = [
+        {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg"), "input": _preview(e.get("input"))}
+        for e in exc.errors()
+    ]
+    return Response(json.dumps({"detail": detail}, ensure_ascii=True), status_code=422, media_type="application/json")
+
+
+def _preview(value: Any, limit: int = 200) -> str:
+    """A short, always-encodable rendering of a bad input value."""
+    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else repr(value)
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 @api.exception_handler(RequestError)
@@ -107,6 +127,7 @@ class LLMServer:
         await self.batcher.start()
         self._aborts: set[asyncio.Task] = set()
         self._ongoing = self._peak_ongoing = 0  # requests inside the batcher now, and at most so far
+        self._abandoned = 0  # prompts whose callers went away (disconnected, cancelled, timed out)
         self._metrics_task = asyncio.get_running_loop().create_task(self._export_gauges())
         logger.info(
             "replica ready in %.1f s: engine=%s model=%s",
@@ -149,6 +170,7 @@ class LLMServer:
                 asyncio.gather(*futures, return_exceptions=True), timeout=self.config.request_timeout_s
             )
         except BaseException:  # the caller went away (or timed out): free its places, abort its requests
+            self._abandoned += len(requests)
             for future, request in zip(futures, requests):
                 future.cancel()  # a no-op for those already cancelled along with the gather
                 if future.cancelled():
@@ -220,7 +242,8 @@ class LLMServer:
             "engine": self.engine.name,
             "model": self.config.model_name,
             "autoscaling": self.config.autoscaling.model_dump(),
-            "requests": {"ongoing": self._ongoing, "peak": self._peak_ongoing},
+            "requests": {"ongoing": self._ongoing, "peak": self._peak_ongoing, "abandoned_prompts": self._abandoned},
+            "engine_stats": self.engine.stats(),
             "batcher_settings": self.config.batcher.model_dump(),
             "batcher": self.batcher.stats.to_dict(),
         }

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from .config import AppConfig
 from .engines import Engine, GenerationRequest, SamplingOptions
-from .schemas import SamplingFields
+from .schemas import SamplingFields, is_valid_unicode
 
 
 class RequestError(ValueError):
@@ -85,6 +85,8 @@ class RequestBuilder:
             raise RequestError(
                 f"{what} has {len(text)} characters; at most {self.config.max_prompt_chars} are accepted"
             )
+        if not is_valid_unicode(text):
+            raise RequestError(f"{what} is not valid Unicode (it holds a lone surrogate such as '\\ud800')")
 
     def _request(self, token_ids: list[int], text: str, sampling: SamplingOptions, what: str) -> GenerationRequest:
         context = self.engine.max_model_len

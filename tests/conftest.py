@@ -18,6 +18,18 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 
+FIGURES: dict[str, dict[str, Any]] = {}  # what the reliability tests measured, printed at the end of the run
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the figures the reliability tests recorded (load held, faults survived, inputs tried)."""
+    if not FIGURES:
+        return
+    terminalreporter.section("reliability figures")
+    for name, figures in FIGURES.items():
+        terminalreporter.write_line(f"{name}: " + ", ".join(f"{key}={value}" for key, value in figures.items()))
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface."""
     with socket.socket() as sock:
@@ -77,5 +89,7 @@ def deploy_app(serve_instance):
         return handle
 
     yield deploy
+    live = serve.status().applications
     for name in names:
-        serve.delete(name)
+        if name in live:  # a test may have deleted its own
+            serve.delete(name)

@@ -195,6 +195,38 @@ async def test_cancelling_a_waiting_caller_drops_its_record():
     assert ["gone"] not in process.batches
 
 
+async def test_cancelled_queued_records_give_back_their_places_at_once():
+    """A full queue whose records were cancelled takes new ones without waiting for the busy engine."""
+    release = asyncio.Event()
+
+    async def stuck(batch):
+        await release.wait()
+        return batch
+
+    options = {"max_batch_size": 2, "batch_timeout_s": 0, "max_queue_size": 4, "prefetch_batches": 1}
+    async with DynamicBatcher(stuck, **options) as batcher:
+        asyncio.get_running_loop().call_later(5, release.set)  # a failed assertion must not hang the exit
+        running = await batcher.submit_batch(["a", "b"])  # in process_fn, which waits
+        await asyncio.sleep(0.01)
+        prefetched = await batcher.submit_batch(["c", "d"])  # cut early into the prefetch buffer
+        await asyncio.sleep(0.01)
+        queued = batcher.submit_batch_nowait(["e", "f", "g", "h"])  # the queue is full now
+        with pytest.raises(QueueFullError):
+            batcher.submit_nowait("i")
+        for future in queued[:3]:
+            future.cancel()
+        late = batcher.submit_batch_nowait(["j", "k", "l"])  # the cancelled places are free again
+        waiter = asyncio.ensure_future(batcher.submit("m"))  # and the queue is full once more
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        stats = batcher.stats
+        assert stats.queue_depth == 4 and stats.total_cancelled == 3
+        release.set()
+        results = await asyncio.gather(*running, *prefetched, queued[3], *late, await waiter)
+    assert results == ["a", "b", "c", "d", "h", "j", "k", "l", "m"]
+    assert batcher.stats.total_submitted == batcher.stats.total_completed + 3
+
+
 # 6. Whatever process_fn raises resolves the batch ----------------------------------------------------
 
 

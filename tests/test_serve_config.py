@@ -32,6 +32,11 @@ def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
     assert options["autoscaling_config"]["max_replicas"] == 2
     assert options["max_ongoing_requests"] >= config.batcher.max_batch_size
     assert options["ray_actor_options"]["num_gpus"] == 0  # no Ray cluster with GPUs here
+    # Serve's own queue, when capped, sheds with the same 503 + Retry-After as the batcher's.
+    assert options["max_queued_requests"] == -1
+    assert options["backpressure_config"] == {"status_code": 503, "retry_after_s": 1}
+    capped = deployment_options(AppConfig.model_validate({**app["args"], "max_queued_requests": 100}))
+    assert capped["max_queued_requests"] == 100
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,10 @@ class Engine(abc.ABC):
     async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Stop a request whose caller went away (its result is then discarded)."""
 
+    def stats(self) -> dict[str, int]:
+        """The engine's own counters (requests run, aborts received), shown in the replica's stats."""
+        return {}
+
     @abc.abstractmethod
     async def check_health(self) -> None:
         """Raise if the engine cannot serve."""

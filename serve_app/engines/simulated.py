@@ -30,7 +30,9 @@ class SimulatedEngine(Engine):
         self.settings = settings
         self.max_model_len = settings.max_model_len
         self._dead: str | None = None
+        self._running: set[str] = set()
         self._aborted: set[str] = set()
+        self._counts = {"batches": 0, "requests": 0, "aborts": 0}
 
     def encode(self, text: str) -> list[int]:
         return [sum(text[i : i + CHARS_PER_TOKEN].encode()) for i in range(0, len(text), CHARS_PER_TOKEN)]
@@ -61,13 +63,23 @@ class SimulatedEngine(Engine):
             self._dead = "a prompt carried the die marker"
             logger.error("simulated engine: die marker seen; the engine is now dead")
             raise EngineDeadError("simulated engine died (die marker)")
-        await asyncio.sleep(self.batch_seconds(batch))
-        return [self._result(r) for r in batch]
+        self._counts["batches"] += 1
+        self._counts["requests"] += len(batch)
+        ids = {r.request_id for r in batch}
+        self._running |= ids
+        try:
+            await asyncio.sleep(self.batch_seconds(batch))
+            bad = self.settings.raise_marker
+            if bad and any(bad in r.prompt_text for r in batch):
+                raise RuntimeError(f"simulated engine error in a batch of {len(batch)} (raise marker)")
+            return [self._result(r) for r in batch]
+        finally:
+            self._running -= ids
+            self._aborted -= ids
 
     def _result(self, request: GenerationRequest) -> GenerationResult:
         prompt_tokens = len(request.prompt_token_ids)
         if request.request_id in self._aborted:
-            self._aborted.discard(request.request_id)
             return GenerationResult(request.request_id, "", prompt_tokens, 0, "abort")
         fail = self.settings.fail_marker
         if fail and fail in request.prompt_text:
@@ -80,7 +92,13 @@ class SimulatedEngine(Engine):
         return GenerationResult(request.request_id, f"[simulated] {text}", prompt_tokens, n, "length")
 
     async def abort(self, request_id: str) -> None:
-        self._aborted.add(request_id)
+        """Abort a running request (its result becomes an "abort"); an id not running is ignored, as vLLM does."""
+        if request_id in self._running:
+            self._counts["aborts"] += 1
+            self._aborted.add(request_id)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._counts)
 
     async def check_health(self) -> None:
         if self._dead is not None:

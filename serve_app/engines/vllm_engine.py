@@ -28,6 +28,23 @@ def has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def cpu_dtype() -> str:
+    """The dtype for vLLM's CPU build: bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX),
+    else float32. Emulated bfloat16 is about 6x slower than float32 on an AVX2-only CPU (measured here:
+    7 vs 44 output tokens/s for the bundled model)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
+    except OSError:  # not Linux: no way to tell, take the safe one
+        return "float32"
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+
+
+def resolve_dtype(dtype: str, on_gpu: bool) -> str:
+    """``auto`` means the model's own dtype on a GPU and :func:`cpu_dtype` on a CPU."""
+    return dtype if dtype != "auto" or on_gpu else cpu_dtype()
+
+
 class VLLMEngine(Engine):
     """An ``AsyncLLM`` over one model; on a CPU-only host it runs vLLM's CPU build."""
 
@@ -47,7 +64,7 @@ class VLLMEngine(Engine):
         args: dict[str, Any] = {
             "model": model,
             "max_model_len": settings.max_model_len,
-            "dtype": settings.dtype if settings.dtype != "auto" or on_gpu else "bfloat16",
+            "dtype": resolve_dtype(settings.dtype, on_gpu),
             "enforce_eager": enforce_eager,
             "disable_log_stats": True,
         }
@@ -61,6 +78,7 @@ class VLLMEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         self._dead: BaseException | None = None
+        self._counts = {"requests": 0, "aborts": 0}
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a plain prompt (with the tokenizer's BOS, as vLLM's completion path adds it)."""
@@ -90,6 +108,7 @@ class VLLMEngine(Engine):
             seed=s.seed,
         )
         try:
+            self._counts["requests"] += 1
             prompt = await self._render(TokensPrompt(prompt_token_ids=request.prompt_token_ids))
             final = None
             async for output in self._llm.generate(prompt, params, request.request_id):
@@ -125,7 +144,11 @@ class VLLMEngine(Engine):
 
     async def abort(self, request_id: str) -> None:
         if self._dead is None and self._llm is not None:
+            self._counts["aborts"] += 1
             await self._llm.abort(request_id)
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._counts)
 
     async def check_health(self) -> None:
         if self._dead is not None:
