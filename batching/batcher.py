@@ -35,6 +35,7 @@ __all__ = ["DynamicBatcher"]
 logger = logging.getLogger(__name__)
 
 _IDLE, _RUNNING, _STOPPING = "idle", "running", "stopping"
+PURGE_INTERVAL_S = 0.05  # how often a full queue is scanned for records whose callers cancelled them
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -160,6 +161,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._busy_loops = 0
         self._tasks: list[asyncio.Task] = []
         self._aborting = False
+        self._next_purge = 0.0
 
     # -- Public API ----------------------------------------------------------------------------------
 
@@ -171,7 +173,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
     @property
     def stats(self) -> BatchStats:
         """A fresh :class:`BatchStats` snapshot; ``stats.to_dict()`` gives a plain dict for export."""
-        self._purge_cancelled()
+        self._purge_cancelled(force=True)
         return self._stats.snapshot(len(self._queue), self._queued_cost, self._in_flight)
 
     async def start(self) -> None:
@@ -332,13 +334,19 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             )
         return [self._cost_of(record, cost) for record, cost in zip(records, explicit)]
 
-    def _purge_cancelled(self) -> int:
-        """Drop queued records whose callers cancelled them, freeing their places and budget at once.
+    def _purge_cancelled(self, force: bool = False) -> int:
+        """Drop queued records whose callers cancelled them, freeing their places and budget.
 
-        A cancelled future stays in the queue until something looks (no per-record done-callback: it would
-        cost every record a loop callback); this runs when the queue is full and when stats are read.
-        Returns how many places it freed (and handed to waiting producers).
+        A cancelled future stays in the queue until something looks (a per-record done-callback would cost
+        every record a loop callback). This scan runs when stats are read and, at most once per
+        ``PURGE_INTERVAL_S``, when the queue is full: scanning on every full-queue submit would make
+        backpressure quadratic. Returns how many places it freed (and handed to waiting producers).
         """
+        if not force:
+            now = self._clock()
+            if now < self._next_purge:
+                return 0
+            self._next_purge = now + PURGE_INTERVAL_S
         queue = self._queue
         live = [entry for entry in queue if not entry[FUTURE].done()]
         dropped = len(queue) - len(live)

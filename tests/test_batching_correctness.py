@@ -9,6 +9,7 @@ import time
 import pytest
 
 from batching import BatchCancelledError, BatcherStoppedError, DynamicBatcher, QueueFullError
+from batching.batcher import PURGE_INTERVAL_S
 
 
 async def echo(batch: list) -> list:
@@ -215,6 +216,7 @@ async def test_cancelled_queued_records_give_back_their_places_at_once():
             batcher.submit_nowait("i")
         for future in queued[:3]:
             future.cancel()
+        await asyncio.sleep(PURGE_INTERVAL_S)  # a full queue is rescanned for cancelled records this often
         late = batcher.submit_batch_nowait(["j", "k", "l"])  # the cancelled places are free again
         waiter = asyncio.ensure_future(batcher.submit("m"))  # and the queue is full once more
         await asyncio.sleep(0.01)
