@@ -239,7 +239,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
             self._refuse()
         cost = self._cost_of(record, estimated_cost)
         if len(self._queue) + self._admission.debt >= self._max_queue_size and (
-            not self._purge_cancelled() or self._full()
+            not self._purge_cancelled() or not self._admission.has_room()
         ):
             await self._admission.wait(self._loop)
             if self._state is not _RUNNING:
@@ -301,10 +301,6 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         raise RuntimeError(
             f"{type(self).__name__} is not running: call `await batcher.start()` first, or use `async with`"
         )
-
-    def _full(self) -> bool:
-        """No place for one more record without waiting (queued plus reserved plus waiting producers)."""
-        return len(self._queue) + self._admission.debt >= self._max_queue_size
 
     def _check_room(self, count: int) -> None:
         if not self._admission.has_room(count) and not (self._purge_cancelled() and self._admission.has_room(count)):
