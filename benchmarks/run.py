@@ -9,12 +9,20 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+README = Path(__file__).resolve().parent.parent / "README.md"
+MARKERS = ("<!-- results:start -->", "<!-- results:end -->")
+
+
+def png(name: str, quick: bool) -> str:
+    """A plot's file name; quick runs get their own, so they never overwrite the full run's plots."""
+    return f"{name}{'-quick' if quick else ''}.png"
 
 
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
@@ -53,7 +61,7 @@ def overhead(quick: bool) -> str:
     rows = bench.measure(30_000 if quick else 100_000, producers, 2 if quick else 5, list(bench.PEERS))
     peers = list(bench.PEERS)
     bar_plot(
-        RESULTS / "overhead.png",
+        RESULTS / png("overhead", quick),
         producers,
         {
             p: [next(r["records_per_s"] for r in rows if r["peer"] == p and r["producers"] == n) for n in producers]
@@ -77,7 +85,7 @@ def overhead(quick: bool) -> str:
                 ("added_us", "µs/record above the floor", ".1f"),
             ],
         )
-        + "\n\n![overhead](overhead.png)\n"
+        + f"\n\n![overhead]({png('overhead', quick)})\n"
     )
 
 
@@ -86,7 +94,7 @@ def padding(quick: bool) -> str:
 
     rows = bench.measure(1_000 if quick else 2_000, 1 if quick else 3)
     bar_plot(
-        RESULTS / "padding.png",
+        RESULTS / png("padding", quick),
         ["texts/s", "padding waste x100"],
         {r["strategy"]: [r["texts_per_s"], r["padding_waste"] * 100] for r in rows},
         "",
@@ -105,7 +113,7 @@ def padding(quick: bool) -> str:
                 ("speedup_vs_count_fifo", "x (a)", ".2f"),
             ],
         )
-        + "\n\n![padding](padding.png)\n"
+        + f"\n\n![padding]({png('padding', quick)})\n"
     )
 
 
@@ -117,14 +125,14 @@ def simulated(quick: bool) -> str:
     peers = ["ours", "reference", "serve.batch"]
     pick = lambda p, key: [next(r[key] for r in rows if r["peer"] == p and r["rate_rps"] == x) for x in rates]  # noqa: E731
     bar_plot(
-        RESULTS / "simulated_throughput.png",
+        RESULTS / png("simulated_throughput", quick),
         rates,
         {p: pick(p, "output_tokens_per_s") for p in peers},
         "output tokens/s (simulated)",
         "Simulated A100 8B: throughput vs arrival rate (req/s)",
     )
     bar_plot(
-        RESULTS / "simulated_p99.png",
+        RESULTS / png("simulated_p99", quick),
         rates,
         {p: pick(p, "p99_s") for p in peers},
         "p99 latency, s (simulated)",
@@ -146,7 +154,7 @@ def simulated(quick: bool) -> str:
                 ("batches_over_budget", "batches over KV budget", ".0f"),
             ],
         )
-        + "\n\n![throughput](simulated_throughput.png) ![p99](simulated_p99.png)\n"
+        + f"\n\n![throughput]({png('simulated_throughput', quick)}) ![p99]({png('simulated_p99', quick)})\n"
     )
 
 
@@ -156,7 +164,7 @@ def e2e(quick: bool) -> str:
     prompts, max_tokens, repeats = (32, 32, 1) if quick else (64, 32, 3)
     rows = bench.measure(prompts, max_tokens, repeats)
     bar_plot(
-        RESULTS / "e2e.png",
+        RESULTS / png("e2e", quick),
         ["output tokens/s"],
         {r["mode"]: [r["output_tokens_per_s"]] for r in rows},
         "",
@@ -176,7 +184,7 @@ def e2e(quick: bool) -> str:
                 ("vs_offline", "vs offline", ".2f"),
             ],
         )
-        + "\n\n![e2e](e2e.png)\n"
+        + f"\n\n![e2e]({png('e2e', quick)})\n"
     )
 
 
@@ -210,7 +218,21 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / f"RESULTS{suffix}.md"
     out.write_text(header + "\n".join(parts))
     print(f"wrote {out}")
+    if not args.quick and splice_readme("\n".join(parts)):
+        print(f"updated {README}'s Performance section")
     return 0
+
+
+def splice_readme(results: str) -> bool:
+    """Put the full run's sections between the README's result markers (plots linked from the README)."""
+    text = README.read_text() if README.exists() else ""
+    if any(m not in text for m in MARKERS):
+        return False
+    before, rest = text.split(MARKERS[0], 1)
+    _, after = rest.split(MARKERS[1], 1)
+    body = re.sub(r"\]\(([\w.-]+\.png)\)", r"](benchmarks/results/\1)", results)
+    README.write_text(f"{before}{MARKERS[0]}\n{body}\n{MARKERS[1]}{after}")
+    return True
 
 
 if __name__ == "__main__":

@@ -87,7 +87,11 @@ async def drive(submit: Any, arrivals: list[tuple[float, GenerationRequest]]) ->
 async def run_peer(peer: str, arrivals: list[tuple[float, GenerationRequest]], scale: float) -> dict[str, Any]:
     engine = SimulatedEngine(
         SimulatedSettings(
-            step_s=STEP_S * scale, step_s_per_seq=STEP_S_PER_SEQ * scale, fail_marker=None, die_marker=None
+            step_s=STEP_S * scale,
+            step_s_per_seq=STEP_S_PER_SEQ * scale,
+            fail_marker=None,
+            die_marker=None,
+            raise_marker=None,
         )
     )
     meter = Meter(engine)

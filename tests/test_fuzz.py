@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from typing import Any
 
@@ -22,7 +23,7 @@ from .conftest import FIGURES
 
 pytestmark = [pytest.mark.serve, pytest.mark.reliability]
 
-EXAMPLES = 300
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))  # per test; raise it for a longer hunt
 FUZZ = settings(
     max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
@@ -35,7 +36,7 @@ texts = st.one_of(
     st.text(max_size=40),
     st.text(min_size=1, max_size=40).map(lambda t: t * 300),  # long: past the context, past the char limit
     surrogates,  # lone surrogates: valid JSON escapes, unencodable in UTF-8
-    st.sampled_from(["", " ", "\x00", "__simulated_fail__", "__simulated_raise__", "🦙" * 50, "\u202e"]),
+    st.sampled_from(["", " ", "\x00", "\r\n", "</s>", "<|im_end|>", "{{ x }}", "🦙" * 50, "\u202e"]),
 )
 numbers = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
@@ -115,7 +116,10 @@ def check(response: httpx.Response, where: str) -> None:
 
 @pytest.fixture(scope="module")
 def client(serve_instance, deploy_app):
-    deploy_app("fuzz", simulated={"max_model_len": 1024}, max_tokens_limit=512)
+    # Fault injection off: this app is about input handling. A failing engine answers 500 by design, and
+    # hypothesis also draws string constants from the code under test, so it can find the markers itself.
+    no_faults = {"fail_marker": None, "die_marker": None, "raise_marker": None}
+    deploy_app("fuzz", simulated={"max_model_len": 1024, **no_faults}, max_tokens_limit=512)
     with httpx.Client(base_url=serve_instance + "/fuzz", timeout=30) as http:
         yield http
     FIGURES["fuzzing"] = {"inputs": sum(TRIED.values()), **{f"status_{k}": v for k, v in sorted(TRIED.items())}}
@@ -174,7 +178,7 @@ def test_handle_methods_raise_value_error_or_answer(serve_instance, client):
 
     handle = serve.get_app_handle("fuzz")
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=max(1, EXAMPLES // 5), deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(
         prompts=st.one_of(st.lists(texts, max_size=3), anything),
         options=st.fixed_dictionaries({}, optional=sampling),
@@ -188,7 +192,7 @@ def test_handle_methods_raise_value_error_or_answer(serve_instance, client):
             return
         assert len(rows) == len(prompts)
         for row in rows:
-            assert row["error"] is None or "simulated" in row["error"]
+            assert row["error"] is None
             assert not (isinstance(row["output_tokens"], float) and math.isnan(row["output_tokens"]))
 
     run()
