@@ -56,6 +56,8 @@ class RequestBuilder:
         """One engine request per prompt, in order."""
         if isinstance(prompts, str):
             raise RequestError("prompts must be a list of strings, not a single string")
+        if not isinstance(prompts, (list, tuple)):
+            raise RequestError(f"prompts must be a list of strings, got {type(prompts).__name__}")
         if not prompts:
             raise RequestError("no prompts provided")
         limit = self.config.max_prompts_per_request

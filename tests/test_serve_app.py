@@ -123,6 +123,9 @@ async def test_handle_bad_input_raises_value_error(app):
     _, handle = app
     with pytest.raises(ValueError, match="no prompts"):
         await handle.generate_batch.remote([])
+    for not_a_list in (True, None, 5, {"a": "b"}):  # found by test_fuzz: True used to raise TypeError
+        with pytest.raises(ValueError, match="prompts must be a list of strings"):
+            await handle.generate_batch.remote(not_a_list)
     with pytest.raises(ValueError, match="max_tokens"):
         await handle.generate.remote("hi", max_tokens=-3)
 
