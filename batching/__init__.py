@@ -4,10 +4,15 @@ A drop-in for ``flyte.extras``' batcher API (change only the import)::
 
     from batching import DynamicBatcher, TokenBatcher, Prompt, BatchStats
 
+Two modes: *batch* (:class:`DynamicBatcher` / :class:`TokenBatcher`) cuts budgeted batches for engines that
+run static, padded batches; *continuous* (:class:`ContinuousBatcher`) admits records one by one under an
+in-flight budget and streams each record's outputs, for engines that batch continuously (vLLM).
+
 Standard library only; ``batching.estimators.HFTokenCounter`` optionally uses ``transformers``.
 """
 
 from .batcher import DynamicBatcher
+from .continuous import ContinuousBatcher, RecordStream, peak_cost
 from .errors import BatchCancelledError, BatcherError, BatcherStoppedError, QueueFullError
 from .protocols import (
     CostEstimator,
@@ -26,6 +31,7 @@ __all__ = [
     "BatchStats",
     "BatcherError",
     "BatcherStoppedError",
+    "ContinuousBatcher",
     "CostEstimator",
     "CostEstimatorFn",
     "DynamicBatcher",
@@ -33,7 +39,9 @@ __all__ = [
     "ProcessFn",
     "Prompt",
     "QueueFullError",
+    "RecordStream",
     "TokenBatcher",
     "TokenEstimator",
     "TokenEstimatorFn",
+    "peak_cost",
 ]

@@ -29,6 +29,12 @@ class BatchStats:
     that got an error; ``total_cancelled`` counts records whose caller cancelled them before their batch
     started (never processed). Once the batcher is idle:
     ``total_submitted == total_completed + total_cancelled``.
+
+    The continuous batcher (:class:`~batching.ContinuousBatcher`) counts each admitted record as a batch of
+    one and fills the admission fields: ``in_flight_cost`` of ``budget`` now, ``budget_occupancy`` (their
+    ratio) and its time average ``mean_budget_occupancy``, and time to first output percentiles (from
+    submission to the record's first streamed output). There, ``total_cancelled`` also counts records
+    withdrawn while they ran.
     """
 
     total_submitted: int = 0
@@ -52,6 +58,13 @@ class BatchStats:
     latency_p50_s: float = 0.0
     latency_p95_s: float = 0.0
     latency_p99_s: float = 0.0
+    in_flight_cost: int = 0
+    budget: int = 0
+    budget_occupancy: float = 0.0
+    mean_budget_occupancy: float = 0.0
+    first_output_p50_s: float = 0.0
+    first_output_p95_s: float = 0.0
+    first_output_p99_s: float = 0.0
 
     @property
     def utilization(self) -> float:
@@ -80,6 +93,10 @@ class StatsRecorder:
         self.padding_sum = 0.0
         self.queue_waits: deque[float] = deque(maxlen=latency_samples)
         self.latencies: deque[float] = deque(maxlen=latency_samples)
+        self.first_outputs: deque[float] = deque(maxlen=latency_samples)
+        self._occupancy = 0.0
+        self._occupancy_area = 0.0
+        self._occupancy_since = time.monotonic()
         self._started_at: float | None = None
         self._stopped_at: float | None = None
         self._busy = 0.0
@@ -122,7 +139,46 @@ class StatsRecorder:
         if self._active == 0:
             self._busy += time.monotonic() - self._active_since
 
-    def snapshot(self, queue_depth: int, queued_cost: int, in_flight: int) -> BatchStats:
+    # -- Continuous admission: one record at a time -------------------------------------------------------
+
+    def _occupancy_to(self, occupancy: float) -> None:
+        now = time.monotonic()
+        if self._stopped_at is None:
+            self._occupancy_area += self._occupancy * (now - self._occupancy_since)
+        self._occupancy_since = now
+        self._occupancy = occupancy
+
+    def admitted(self, cost: int, waited: float, occupancy: float) -> None:
+        """Count a record admitted after ``waited`` seconds; ``occupancy``: in-flight cost / budget now."""
+        self.batches += 1
+        self.batch_records += 1
+        self.batch_cost += cost
+        self.queue_waits.append(waited)
+        if self._active == 0:
+            self._active_since = time.monotonic()
+        self._active += 1
+        self._occupancy_to(occupancy)
+
+    def released(self, occupancy: float) -> None:
+        """Count a record leaving the engine (finished, failed or withdrawn)."""
+        self._active -= 1
+        if self._active == 0:
+            self._busy += time.monotonic() - self._active_since
+        self._occupancy_to(occupancy)
+
+    def record_finished(self, failed: bool, latency: float) -> None:
+        """Count a record whose future or stream ended with its result (or its error)."""
+        self.completed += 1
+        self.failed += failed
+        self.latencies.append(latency)
+
+    def first_output(self, seconds: float) -> None:
+        """Count a record's first streamed output, ``seconds`` after it was submitted."""
+        self.first_outputs.append(seconds)
+
+    def snapshot(
+        self, queue_depth: int, queued_cost: int, in_flight: int, in_flight_cost: int = 0, budget: int = 0
+    ) -> BatchStats:
         """Build a :class:`BatchStats` from the counters and the batcher's current queue state."""
         now = time.monotonic()
         end = self._stopped_at if self._stopped_at is not None else now
@@ -130,7 +186,11 @@ class StatsRecorder:
         elapsed = end - self._started_at if self._started_at is not None else 0.0
         waits = sorted(self.queue_waits)
         lat = sorted(self.latencies)
+        first = sorted(self.first_outputs)
         batches = self.batches
+        area = self._occupancy_area
+        if self._stopped_at is None:
+            area += self._occupancy * (now - self._occupancy_since)
         return BatchStats(
             total_submitted=self.completed + self.cancelled + queue_depth + in_flight,
             total_completed=self.completed,
@@ -153,4 +213,11 @@ class StatsRecorder:
             latency_p50_s=percentile(lat, 50),
             latency_p95_s=percentile(lat, 95),
             latency_p99_s=percentile(lat, 99),
+            in_flight_cost=in_flight_cost,
+            budget=budget,
+            budget_occupancy=in_flight_cost / budget if budget else 0.0,
+            mean_budget_occupancy=area / elapsed if elapsed > 0 else 0.0,
+            first_output_p50_s=percentile(first, 50),
+            first_output_p95_s=percentile(first, 95),
+            first_output_p99_s=percentile(first, 99),
         )
