@@ -316,9 +316,12 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
             except asyncio.TimeoutError:
                 logger.warning("%s: stop() timed out after %ss; cancelling the rest", type(self).__name__, timeout)
                 error = BatcherStoppedError("the batcher was stopped before this record finished")
-                for ticket in list(self._queue) + list(self._running):
+                running = list(self._running)  # withdrawing them empties the set: keep their tasks to await
+                # The queue from its back first, so that the room a withdrawn head leaves admits nobody behind
+                # it; then the running records, once nothing is left to admit into the room they free.
+                for ticket in [*reversed(self._queue), *running]:
                     self._withdraw(ticket, error)
-                await asyncio.gather(*(t.task for t in list(self._running) if t.task), return_exceptions=True)
+                await asyncio.gather(*(t.task for t in running if t.task), return_exceptions=True)
         self._state = _IDLE
         self._stats.stop()
 
@@ -550,6 +553,10 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
                 else:
                     sink.set_exception(error)
                     sink.exception()  # a withdrawn record's error is retrieved: no "never retrieved" warning
+            elif count and sink.cancelled() and ticket.state == _ADMITTED:
+                # Its caller cancelled the future, but the record ended before the done callback could
+                # withdraw it (that callback then finds it done): count the withdrawal here, once.
+                self._stats.cancelled += 1
         if count and ended:
             self._stats.record_finished(error is not None, self._clock() - ticket.enqueued_at)
         self._release(ticket)

@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .models import BUNDLED, BUNDLED_NAME
 
+AUTO_FALLBACK_TOKENS = 65_536
+"""The ``auto`` in-flight budget when an engine cannot say how large its KV cache is."""
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -25,27 +28,69 @@ class SamplingDefaults(_Strict):
 
 
 class BatcherSettings(_Strict):
-    """The replica's TokenBatcher; live-reconfigurable through ``user_config``."""
+    """The replica's batcher; live-reconfigurable through ``user_config``.
 
+    ``continuous`` (the default, for engines that batch continuously such as vLLM): each request enters the
+    engine as soon as its tokens (prompt + max_tokens) fit the in-flight budget, and gives them back when it
+    alone finishes; its output streams as it comes. ``batch``: budgeted batches for static-batch engines.
+    """
+
+    mode: Literal["continuous", "batch"] = "continuous"
+    max_queue_size: int = Field(4_096, ge=1, description="requests' prompts waiting before new ones get 503")
+    # continuous mode
+    max_inflight_tokens: Literal["auto"] | int = Field(
+        "auto", description="token budget in flight (prompt + max_tokens each); auto: the engine's KV cache size"
+    )
+    max_inflight: int = Field(256, ge=1, description="most requests inside the engine at once")
+    order: Literal["fifo", "length_aware"] = "fifo"
+    max_wait_s: float = Field(2.0, ge=0.0, description="length_aware: a request waiting this long goes next")
+    peak_estimate: bool = Field(False, description="admit on LightLLM's peak KV estimate instead of final sizes")
+    # batch mode
     target_batch_tokens: int = Field(
         32_768, ge=1, description="token budget of a batch: prompt tokens + max_tokens of each request"
     )
     max_batch_size: int = Field(64, ge=1)
     batch_timeout_s: float = Field(0.01, ge=0.0, le=60.0)
-    max_queue_size: int = Field(4_096, ge=1, description="queued prompts before requests get 503")
-    max_concurrent_batches: int = Field(
-        2, ge=1, description="batches inside the engine at once (vLLM batches continuously inside)"
-    )
+    max_concurrent_batches: int = Field(2, ge=1, description="batches inside the engine at once")
     length_aware: bool = False
     isolate_failures: bool = False
 
-    def batcher_kwargs(self) -> dict[str, Any]:
-        """These settings as ``TokenBatcher`` keyword arguments (every field maps one to one)."""
-        return self.model_dump()
+    @field_validator("max_inflight_tokens")
+    @classmethod
+    def _positive_budget(cls, value: str | int) -> str | int:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("max_inflight_tokens must be 'auto' or an integer >= 1")
+        return value
+
+    def batcher_kwargs(self, kv_cache_tokens: int | None = None) -> dict[str, Any]:
+        """Keyword arguments for the mode's batcher (``TokenBatcher`` or ``ContinuousBatcher``)."""
+        if self.mode == "batch":
+            return self.model_dump(
+                include={
+                    "max_queue_size",
+                    "target_batch_tokens",
+                    "max_batch_size",
+                    "batch_timeout_s",
+                    "max_concurrent_batches",
+                    "length_aware",
+                    "isolate_failures",
+                }
+            )
+        budget = self.max_inflight_tokens
+        if budget == "auto":
+            budget = kv_cache_tokens or AUTO_FALLBACK_TOKENS
+        return {
+            "max_inflight_cost": budget,
+            "max_inflight": self.max_inflight,
+            "max_queue_size": self.max_queue_size,
+            "order": self.order,
+            "max_wait_s": self.max_wait_s,
+            "peak_estimate": self.peak_estimate,
+        }
 
     @model_validator(mode="after")
     def _queue_holds_a_batch(self) -> BatcherSettings:
-        if self.max_queue_size < self.max_batch_size:
+        if self.mode == "batch" and self.max_queue_size < self.max_batch_size:
             raise ValueError(
                 f"batcher.max_queue_size ({self.max_queue_size}) must be >= batcher.max_batch_size "
                 f"({self.max_batch_size}), or batches can never fill"
@@ -68,8 +113,11 @@ class VLLMSettings(_Strict):
 class SimulatedSettings(_Strict):
     """The simulated engine (no model): deterministic text, time from a cost model.
 
-    A batch takes ``batch_overhead_s + prefill_s_per_token * prompt tokens`` (``padded``: batch size x the
-    longest prompt) plus, for each decode step, ``step_s + step_s_per_seq * sequences still running``.
+    Continuous (default): each step advances every running sequence by one token and takes ``step_s +
+    step_s_per_seq * sequences + step_s_per_token * context tokens + prefill_s_per_token * new prompt
+    tokens``. ``padded``: a static batch engine; a batch takes ``batch_overhead_s`` + prefill over batch
+    size x the longest prompt + ``step_s`` per step of the longest output + ``step_s_per_seq`` per sequence
+    and step.
     """
 
     max_model_len: int = Field(2_048, ge=16)
@@ -77,6 +125,9 @@ class SimulatedSettings(_Strict):
     prefill_s_per_token: float = Field(0.0, ge=0.0)
     step_s: float = Field(0.0, ge=0.0)
     step_s_per_seq: float = Field(0.0, ge=0.0)
+    step_s_per_token: float = Field(0.0, ge=0.0)
+    max_num_seqs: int = Field(256, ge=1, description="sequences running at once (vLLM's max_num_seqs)")
+    kv_cache_tokens: int = Field(65_536, ge=1, description="the simulated KV cache (sizes an auto budget)")
     padded: bool = False
     fail_marker: str | None = Field(
         "__simulated_fail__", description="a prompt containing it fails (testing the error paths)"
@@ -148,10 +199,15 @@ class AppConfig(_Strict):
     def _batches_can_fill(self) -> AppConfig:
         # Ray Serve caps a replica's concurrent requests at max_ongoing_requests; below the batch size,
         # single-prompt requests could never fill a batch (Ray only warns about this; we refuse).
-        if self.max_ongoing_requests < self.batcher.max_batch_size:
+        field, needed = (
+            ("batcher.max_batch_size", self.batcher.max_batch_size)
+            if self.batcher.mode == "batch"
+            else ("batcher.max_inflight", self.batcher.max_inflight)
+        )
+        if self.max_ongoing_requests < needed:
             raise ValueError(
-                f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= batcher.max_batch_size "
-                f"({self.batcher.max_batch_size}), or batches can never fill"
+                f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= {field} ({needed}), "
+                "or the engine can never be filled"
             )
         if self.sampling.max_tokens > self.max_tokens_limit:
             raise ValueError(

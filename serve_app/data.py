@@ -211,7 +211,7 @@ def generate(
 
 class InProcessGenerate:
     """``map_batches`` callable class for jobs without a Serve app: each Ray actor owns one engine and one
-    TokenBatcher (the seeds' in-process pattern), and concurrent batches of that actor share its batcher.
+    batcher (the seeds' in-process pattern), and concurrent batches of that actor share its batcher.
 
         ds.map_batches(InProcessGenerate, fn_constructor_kwargs={"config": {...}, "prompt_column": "prompt"},
                        batch_size=16, compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=4))
@@ -220,8 +220,7 @@ class InProcessGenerate:
     def __init__(
         self, config: dict[str, Any] | None = None, prompt_column: str = "prompt", sampling: dict | None = None
     ) -> None:
-        from batching import TokenBatcher
-
+        from .batchers import build_batcher
         from .engines import build_engine
         from .validation import RequestBuilder
 
@@ -230,7 +229,7 @@ class InProcessGenerate:
         self.requests = RequestBuilder(self.engine, self.config)
         self.options = self.requests.sampling(sampling or {})
         self.prompt_column = prompt_column
-        self.batcher = TokenBatcher(self.engine.generate, **self.config.batcher.batcher_kwargs())
+        self.batcher = build_batcher(self.config.batcher, self.engine)
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from .validation import RequestError

@@ -1,5 +1,6 @@
-"""The Ray Serve deployment: one engine and one TokenBatcher per replica, reached over HTTP (FastAPI) or
-through a ``DeploymentHandle``. Data flows one way: request -> validation -> batcher -> engine -> results.
+"""The Ray Serve deployment: one engine and one batcher per replica, reached over HTTP (FastAPI) or through
+a ``DeploymentHandle``. Data flows one way: request -> validation -> batcher -> engine -> outputs, and every
+entry point takes the one path :meth:`LLMServer._run_request`.
 
 Handle methods (``handle.<method>.remote(...)``):
 
@@ -7,10 +8,15 @@ Handle methods (``handle.<method>.remote(...)``):
 - ``generate_batch(prompts, **sampling) -> list[dict]``: one dict per prompt, in order, each with an
   ``error`` (None on success): a prompt that fails does not fail the others.
 - ``chat(messages, **sampling) -> dict``: chat messages, with the model's chat template.
+- ``generate_stream(prompt, **sampling)`` and ``chat_stream(messages, **sampling)``: generators; call them
+  with ``handle.options(stream=True)``. They yield ``{"type": "delta", "text", "output_tokens"}`` as tokens
+  come, then one ``{"type": "result", ...}`` (the same dict ``generate`` returns).
 - ``stats() -> dict``: the batcher's statistics and the replica's identity.
 
-Sampling keywords: ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``. Bad input raises a
-``ValueError`` naming the problem; a full queue raises :class:`batching.QueueFullError`.
+Sampling keywords: ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``, and vLLM's ``top_k``,
+``min_p``, ``repetition_penalty``, ``frequency_penalty``, ``presence_penalty``, ``min_tokens``,
+``ignore_eos``, ... Bad input raises a ``ValueError`` naming the problem; a full queue raises
+:class:`batching.QueueFullError`.
 """
 
 from __future__ import annotations
@@ -20,30 +26,39 @@ import json
 import logging
 import os
 import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
-from batching import BatcherError, BatcherStoppedError, QueueFullError, TokenBatcher
+from batching import BatcherError, BatcherStoppedError, ContinuousBatcher, QueueFullError, TokenBatcher
 
+from .batchers import build_batcher
 from .config import AppConfig, BatcherSettings
-from .engines import EngineDeadError, GenerationRequest, GenerationResult, build_engine
+from .engines import (
+    EngineDeadError,
+    GenerationDelta,
+    GenerationOutput,
+    GenerationRequest,
+    GenerationResult,
+    build_engine,
+)
 from .metrics import ReplicaMetrics
+from .openai_format import DONE, ChatFormat, CompletionFormat, error_body, sse
 from .schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     GenerateRequest,
     GenerateResponse,
+    OpenAIRequest,
     PromptResult,
     SamplingFields,
-    usage_of,
 )
-from .validation import RequestBuilder, RequestError, parse
+from .streams import FutureStream, merge
+from .validation import ModelNotFoundError, RequestBuilder, RequestError, parse
 
 logger = logging.getLogger("serve_app")
 
@@ -51,8 +66,8 @@ RETRY_AFTER_S = 1
 
 api = FastAPI(
     title="token-batching LLM server",
-    description="Token-aware batching in front of vLLM, on Ray Serve.",
-    version="0.1.0",
+    description="Token-aware admission and batching in front of vLLM, on Ray Serve.",
+    version="0.2.0",
 )
 
 
@@ -60,19 +75,26 @@ class PromptFailedError(RuntimeError):
     """The engine failed one prompt of a request (the rest of its batch was unaffected)."""
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"detail": message}, status_code=status, headers=headers)
+def _error(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> Response:
+    body = json.dumps(error_body(status, message, param), ensure_ascii=True)
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def _retry(status: int, message: str) -> Response:
+    return _error(status, message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 @api.exception_handler(RequestValidationError)
 async def _invalid(_: Request, exc: RequestValidationError) -> Response:
-    """422 naming each bad field. FastAPI's own handler echoes the input back and fails with a 500 when it
-    cannot be encoded (bytes that are not UTF-8, lone surrogates): here the input is shown escaped."""
-    detail = [
-        {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg"), "input": _preview(e.get("input"))}
-        for e in exc.errors()
-    ]
-    return Response(json.dumps({"detail": detail}, ensure_ascii=True), status_code=422, media_type="application/json")
+    """422 naming each bad field, in OpenAI's envelope. FastAPI's own handler echoes the input back and fails
+    with a 500 when it cannot be encoded (bytes that are not UTF-8, lone surrogates): here it is escaped."""
+    errors = exc.errors()
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')} (got {_preview(e.get('input'))})"
+        for e in errors
+    )
+    first = errors[0].get("loc", ())[1:] if errors else ()
+    return _error(422, f"invalid request: {problems}", ".".join(str(p) for p in first) or None)
 
 
 def _preview(value: Any, limit: int = 200) -> str:
@@ -83,39 +105,53 @@ def _preview(value: Any, limit: int = 200) -> str:
 
 
 @api.exception_handler(RequestError)
-async def _bad_request(_: Request, exc: RequestError) -> JSONResponse:
-    return _error(400, str(exc))
+async def _bad_request(_: Request, exc: RequestError) -> Response:
+    return _error(exc.status, str(exc), exc.param)
 
 
 @api.exception_handler(QueueFullError)
-async def _overloaded(_: Request, exc: QueueFullError) -> JSONResponse:
-    return _error(503, f"server overloaded, retry later: {exc}", {"Retry-After": str(RETRY_AFTER_S)})
+async def _overloaded(_: Request, exc: QueueFullError) -> Response:
+    return _retry(503, f"server overloaded, retry later: {exc}")
 
 
 @api.exception_handler(BatcherStoppedError)
-async def _stopping(_: Request, exc: BatcherStoppedError) -> JSONResponse:
-    return _error(503, f"replica shutting down, retry: {exc}", {"Retry-After": str(RETRY_AFTER_S)})
+async def _stopping(_: Request, exc: BatcherStoppedError) -> Response:
+    return _retry(503, f"replica shutting down, retry: {exc}")
 
 
 @api.exception_handler(EngineDeadError)
-async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-    return _error(503, f"engine unavailable, retry: {exc}", {"Retry-After": str(RETRY_AFTER_S)})
+async def _engine_dead(_: Request, exc: EngineDeadError) -> Response:
+    return _retry(503, f"engine unavailable, retry: {exc}")
 
 
 @api.exception_handler(PromptFailedError)
-async def _prompt_failed(_: Request, exc: PromptFailedError) -> JSONResponse:
+async def _prompt_failed(_: Request, exc: PromptFailedError) -> Response:
     return _error(500, str(exc))
 
 
 @api.exception_handler(TimeoutError)
-async def _timeout(_: Request, exc: TimeoutError) -> JSONResponse:
+async def _timeout(_: Request, exc: TimeoutError) -> Response:
     return _error(504, f"request timed out: {exc}")
+
+
+def _raise_failed(results: Sequence[GenerationResult]) -> None:
+    for index, result in enumerate(results):
+        if result.error is not None:
+            raise PromptFailedError(f"prompt {index} failed in the engine: {result.error}")
+
+
+def _stream_error(exc: BaseException) -> str:
+    """An error that ends a stream already under way, as vLLM's server sends it (then ``[DONE]``)."""
+    status = 503 if isinstance(exc, (QueueFullError, BatcherError, EngineDeadError)) else 500
+    if isinstance(exc, TimeoutError):
+        status = 504
+    return sse(error_body(status, f"{type(exc).__name__}: {exc}"))
 
 
 @serve.deployment(name="LLMServer")
 @serve.ingress(api)
 class LLMServer:
-    """One replica: builds its engine and TokenBatcher, serves, and drains on shutdown."""
+    """One replica: builds its engine and batcher, serves, and drains on shutdown."""
 
     async def __init__(self, config: dict[str, Any] | AppConfig) -> None:
         self.config = config if isinstance(config, AppConfig) else AppConfig.model_validate(config)
@@ -125,29 +161,35 @@ class LLMServer:
         self.metrics = ReplicaMetrics(self.config.model_name)
         self.batcher = self._new_batcher(self.config.batcher)
         await self.batcher.start()
-        self._aborts: set[asyncio.Task] = set()
         self._ongoing = self._peak_ongoing = 0  # requests inside the batcher now, and at most so far
         self._abandoned = 0  # prompts whose callers went away (disconnected, cancelled, timed out)
         self._metrics_task = asyncio.get_running_loop().create_task(self._export_gauges())
         logger.info(
-            "replica ready in %.1f s: engine=%s model=%s",
+            "replica ready in %.1f s: engine=%s model=%s batcher=%s",
             time.monotonic() - started,
             self.engine.name,
             self.config.model_name,
+            self.config.batcher.mode,
         )
 
-    def _new_batcher(self, settings: BatcherSettings) -> TokenBatcher[GenerationRequest, GenerationResult]:
-        return TokenBatcher(self._process, **settings.batcher_kwargs())
+    def _new_batcher(self, settings: BatcherSettings) -> TokenBatcher | ContinuousBatcher:
+        return build_batcher(settings, self.engine, self._process_batch, self._process_one)
 
-    async def _process(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
-        """The batcher's process_fn: one batch into the engine."""
-        now = time.monotonic()
-        self.metrics.observe_batch(
-            len(batch),
-            sum(r.estimate_tokens() for r in batch),
-            [now - r.submitted_at for r in batch],
-        )
+    async def _process_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
+        """Batch mode's process_fn: one batch into the engine."""
+        self._observe(batch)
         return await self.engine.generate(batch)
+
+    async def _process_one(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """Continuous mode's process_fn: one admitted request's engine stream."""
+        self._observe([request])
+        async for output in self.engine.stream(request):
+            yield output
+
+    def _observe(self, requests: list[GenerationRequest]) -> None:
+        now = time.monotonic()
+        tokens = sum(r.estimate_tokens() for r in requests)
+        self.metrics.observe_batch(len(requests), tokens, [now - r.submitted_at for r in requests])
 
     async def _export_gauges(self) -> None:
         while True:
@@ -156,78 +198,127 @@ class LLMServer:
 
     # -- The one path every entry point takes --------------------------------------------------------
 
-    async def _run(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """Queue validated requests (all or none: a full queue refuses the request at once) and wait."""
+    def _run_request(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, GenerationOutput]]:
+        """Queue validated requests, all or none (a full queue refuses at once: 503 + Retry-After), and
+        return their outputs as ``(index, output)`` as they come; each request ends with its
+        :class:`GenerationResult`. Leaving the iteration early withdraws or aborts what has not finished."""
         try:
-            futures = self.batcher.submit_batch_nowait(requests)
+            if isinstance(self.batcher, ContinuousBatcher):
+                streams = self.batcher.stream_batch_nowait(requests)
+            else:
+                futures = self.batcher.submit_batch_nowait(requests)
+                streams = [FutureStream(f, r.request_id, self.engine.abort) for f, r in zip(futures, requests)]
         except QueueFullError:
             self.metrics.rejected.inc(len(requests))
             raise
+        return self._outputs(requests, streams)
+
+    async def _outputs(self, requests: list[GenerationRequest], streams: list[Any]) -> AsyncIterator[Any]:
         self._ongoing += 1
         self._peak_ongoing = max(self._peak_ongoing, self._ongoing)
+        finished = 0
         try:
-            outcomes = await asyncio.wait_for(
-                asyncio.gather(*futures, return_exceptions=True), timeout=self.config.request_timeout_s
-            )
-        except BaseException:  # the caller went away (or timed out): free its places, abort its requests
-            self._abandoned += len(requests)
-            for future, request in zip(futures, requests):
-                future.cancel()  # a no-op for those already cancelled along with the gather
-                if future.cancelled():
-                    self._abort_soon(request.request_id)
-            raise
+            async for index, output in merge(streams, self.config.request_timeout_s):
+                if isinstance(output, BaseException):  # this request failed alone; the others go on
+                    if isinstance(output, (EngineDeadError, BatcherError)):
+                        raise output
+                    request = requests[index]
+                    error = f"{type(output).__name__}: {output}"
+                    output = GenerationResult(
+                        request.request_id, "", len(request.prompt_token_ids), 0, "error", error=error
+                    )
+                finished += isinstance(output, GenerationResult)
+                yield index, output
         finally:
             self._ongoing -= 1
-        results: list[GenerationResult] = []
-        for request, outcome in zip(requests, outcomes):
-            if isinstance(outcome, (EngineDeadError, BatcherError)):
-                raise outcome
-            if isinstance(outcome, BaseException):
-                outcome = GenerationResult(
-                    request.request_id,
-                    "",
-                    len(request.prompt_token_ids),
-                    0,
-                    "error",
-                    error=f"{type(outcome).__name__}: {outcome}",
-                )
-            results.append(outcome)
+            if finished < len(requests):  # the caller went away, timed out, or the engine died
+                self._abandoned += len(requests) - finished
+            for stream in streams:
+                await stream.aclose()
+
+    async def _results(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Every request's final result, in order."""
+        results: list[Any] = [None] * len(requests)
+        async for index, output in self._run_request(requests):
+            if isinstance(output, GenerationResult):
+                results[index] = output
         return results
 
-    def _abort_soon(self, request_id: str) -> None:
-        """Abort an engine request in the background (the batcher dropped it if it had not started)."""
-        task = asyncio.get_running_loop().create_task(self.engine.abort(request_id))
-        self._aborts.add(task)
-        task.add_done_callback(self._aborts.discard)
+    # -- Validation shared by the entry points -------------------------------------------------------
 
-    @staticmethod
-    def _raise_failed(results: Sequence[GenerationResult]) -> None:
-        for index, result in enumerate(results):
-            if result.error is not None:
-                raise PromptFailedError(f"prompt {index} failed in the engine: {result.error}")
+    def _openai(self, body: OpenAIRequest) -> Any:
+        """Check an OpenAI body beyond its schema: the model, fields that cannot be honoured, stream options."""
+        self._check_model(body.model)
+        for field, why in body.refusals():
+            raise RequestError(f"{field}: {why}", param=field)
+        if body.stream_options is not None and not body.stream:
+            raise RequestError("stream_options: only allowed with stream=true", param="stream_options")
+        if body.stream_options is not None and body.stream_options.continuous_usage_stats:
+            raise RequestError("stream_options.continuous_usage_stats: not supported", param="stream_options")
+        return self.requests.sampling(body)
+
+    def _completion_requests(self, body: CompletionRequest) -> tuple[list[GenerationRequest], list[str]]:
+        options = self._openai(body)
+        prompt = body.prompt
+        prompts = [prompt] if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)) else prompt
+        requests = self.requests.from_prompts(prompts, options, n=body.n)
+        if not body.echo:
+            return requests, []
+        return requests, [r.prompt_text or self.engine.decode(r.prompt_token_ids) for r in requests[:: body.n]]
+
+    def _chat_requests(self, body: ChatCompletionRequest) -> list[GenerationRequest]:
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        options = self._openai(body)
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        return self.requests.from_chat(messages, options, n=body.n)
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model not in (self.config.model_name, self.config.model):
+            served = self.config.model_name
+            raise ModelNotFoundError(f"The model `{model}` does not exist; this server serves `{served}`")
 
     # -- DeploymentHandle API ------------------------------------------------------------------------
 
     async def generate_batch(self, prompts: list[str], **sampling: Any) -> list[dict[str, Any]]:
         """Generate for each prompt; one dict per prompt, in order, with ``error`` set where it failed."""
         options = self.requests.sampling(parse(SamplingFields, sampling))
-        results = await self._run(self.requests.from_prompts(prompts, options))
+        results = await self._results(self.requests.from_prompts(prompts, options))
         return [r.to_dict() for r in results]
 
     async def generate(self, prompt: str, **sampling: Any) -> dict[str, Any]:
         """Generate for one prompt; raises if it fails."""
         options = self.requests.sampling(parse(SamplingFields, sampling))
-        results = await self._run(self.requests.from_prompts([prompt], options))
-        self._raise_failed(results)
+        results = await self._results(self.requests.from_prompts([prompt], options))
+        _raise_failed(results)
         return results[0].to_dict()
 
-    async def chat(self, messages: list[dict[str, str]], **sampling: Any) -> dict[str, Any]:
-        """Answer a conversation (OpenAI-style ``{"role", "content"}`` messages); raises if it fails."""
-        body = parse(ChatCompletionRequest, {"messages": messages, **sampling})
-        options = self.requests.sampling(body)
-        results = await self._run([self.requests.from_chat([m.model_dump() for m in body.messages], options)])
-        self._raise_failed(results)
+    async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> dict[str, Any]:
+        """Answer a conversation (OpenAI-style messages; any chat completions field as a keyword)."""
+        body = parse(ChatCompletionRequest, {"messages": messages, **sampling, "stream": False})
+        results = await self._results(self._chat_requests(body))
+        _raise_failed(results)
         return results[0].to_dict()
+
+    async def generate_stream(self, prompt: str, **sampling: Any) -> AsyncIterator[dict[str, Any]]:
+        """Stream one prompt's output (``handle.options(stream=True)``): deltas, then the result."""
+        options = self.requests.sampling(parse(SamplingFields, sampling))
+        async for item in self._handle_stream(self.requests.from_prompts([prompt], options)):
+            yield item
+
+    async def chat_stream(self, messages: list[dict[str, Any]], **sampling: Any) -> AsyncIterator[dict[str, Any]]:
+        """Stream a conversation's answer (``handle.options(stream=True)``): deltas, then the result."""
+        body = parse(ChatCompletionRequest, {"messages": messages, **sampling, "stream": False})
+        async for item in self._handle_stream(self._chat_requests(body)[:1]):
+            yield item
+
+    async def _handle_stream(self, requests: list[GenerationRequest]) -> AsyncIterator[dict[str, Any]]:
+        async for _, output in self._run_request(requests):
+            if isinstance(output, GenerationDelta):
+                yield {"type": "delta", "text": output.text, "output_tokens": output.output_tokens}
+            else:
+                _raise_failed([output])
+                yield {"type": "result", **output.to_dict()}
 
     async def stats(self) -> dict[str, Any]:
         """The batcher's statistics and who this replica is."""
@@ -254,8 +345,8 @@ class LLMServer:
     async def http_generate(self, body: GenerateRequest) -> GenerateResponse:
         """The seeds' endpoint: texts in ``results``, in input order."""
         options = self.requests.sampling(body)
-        results = await self._run(self.requests.from_prompts(body.prompts, options))
-        self._raise_failed(results)
+        results = await self._results(self.requests.from_prompts(body.prompts, options))
+        _raise_failed(results)
         return GenerateResponse(
             task_id=body.task_id,
             results=[r.text for r in results],
@@ -263,73 +354,102 @@ class LLMServer:
         )
 
     @api.post("/v1/completions")
-    async def http_completions(self, body: CompletionRequest) -> dict[str, Any]:
-        """OpenAI completions (non-streaming)."""
-        self._check_model(body.model)
-        options = self.requests.sampling(body)
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        results = await self._run(self.requests.from_prompts(prompts, options))
-        self._raise_failed(results)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.config.model_name,
-            "choices": [
-                {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None}
-                for i, r in enumerate(results)
-            ],
-            "usage": usage_of(results).model_dump(),
-        }
+    async def http_completions(self, body: CompletionRequest) -> Response:
+        """OpenAI completions; ``"stream": true`` answers with Server-Sent Events."""
+        requests, echo = self._completion_requests(body)
+        fmt = CompletionFormat(self.config.model_name, body.n, echo)
+        if not body.stream:
+            results = await self._results(requests)
+            _raise_failed(results)
+            return JSONResponse(fmt.response(results).model_dump(mode="json", exclude_none=True))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        outputs = self._run_request(requests)
+
+        async def events() -> AsyncIterator[str]:
+            async for index, output in outputs:
+                if isinstance(output, GenerationDelta):
+                    yield sse(fmt.chunk(index, output.text))
+                else:
+                    yield sse(fmt.final_chunk(index, output))
+                    results[index] = output
+
+        results: list[Any] = [None] * len(requests)
+        return self._sse(events(), lambda: fmt.usage_chunk(results) if include_usage else None)
 
     @api.post("/v1/chat/completions")
-    async def http_chat_completions(self, body: ChatCompletionRequest) -> dict[str, Any]:
-        """OpenAI chat completions (non-streaming), with the model's chat template."""
-        self._check_model(body.model)
-        if body.max_completion_tokens is not None and body.max_tokens is None:
-            body.max_tokens = body.max_completion_tokens
-        options = self.requests.sampling(body)
-        request = self.requests.from_chat([m.model_dump() for m in body.messages], options)
-        (result,) = await self._run([request])
-        self._raise_failed([result])
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.config.model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": result.text},
-                    "finish_reason": result.finish_reason,
-                    "logprobs": None,
-                }
-            ],
-            "usage": usage_of([result]).model_dump(),
-        }
+    async def http_chat_completions(self, body: ChatCompletionRequest) -> Response:
+        """OpenAI chat completions, with the model's chat template; ``"stream": true`` answers with SSE."""
+        requests = self._chat_requests(body)
+        fmt = ChatFormat(self.config.model_name, body.n)
+        if not body.stream:
+            results = await self._results(requests)
+            _raise_failed(results)
+            return JSONResponse(fmt.response(results).model_dump(mode="json", exclude_none=True))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        outputs = self._run_request(requests)
+
+        async def events() -> AsyncIterator[str]:
+            async for index, output in outputs:
+                chunks = (
+                    fmt.chunks(index, output.text)
+                    if isinstance(output, GenerationDelta)
+                    else fmt.final_chunks(index, output)
+                )
+                for chunk in chunks:
+                    yield sse(chunk)
+                if isinstance(output, GenerationResult):
+                    results[index] = output
+
+        results: list[Any] = [None] * len(requests)
+        return self._sse(events(), lambda: fmt.usage_chunk(results) if include_usage else None)
+
+    @staticmethod
+    def _sse(events: AsyncIterator[str], usage: Any) -> StreamingResponse:
+        """Server-Sent Events: the chunks, the usage chunk if asked for, ``[DONE]``; an error that happens
+        mid-stream is sent as an error event (the status line has already gone out)."""
+
+        async def body() -> AsyncIterator[str]:
+            try:
+                async for event in events:
+                    yield event
+                last = usage()
+                if last is not None:
+                    yield sse(last)
+            except Exception as exc:
+                logger.warning("stream failed: %r", exc)
+                yield _stream_error(exc)
+            yield DONE
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @api.get("/v1/models")
     async def http_models(self) -> dict[str, Any]:
-        """The one model this app serves, OpenAI-style."""
-        return {"object": "list", "data": [{"id": self.config.model_name, "object": "model", "owned_by": "local"}]}
+        """The one model this app serves, OpenAI-style, with vLLM's ``root`` and ``max_model_len``."""
+        card = {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "token-batching",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
 
     @api.get("/stats")
     async def http_stats(self) -> dict[str, Any]:
         """Batcher statistics of the replica that answered, and its identity."""
         return await self.stats()
 
+    @api.get("/health")
     @api.get("/healthz")
-    async def http_healthz(self) -> JSONResponse:
-        """200 when the engine can serve, 503 otherwise."""
+    async def http_health(self) -> Response:
+        """200 when the engine can serve, 503 otherwise (``/health`` as vLLM's server, ``/healthz`` too)."""
         try:
             await self.check_health()
         except Exception as exc:
             return _error(503, f"unhealthy: {exc}")
         return JSONResponse({"status": "ok", "engine": self.engine.name, "model": self.config.model_name})
-
-    def _check_model(self, model: str | None) -> None:
-        if model is not None and model not in (self.config.model_name, self.config.model):
-            raise RequestError(f"model '{model}' is not served here; this server serves '{self.config.model_name}'")
 
     # -- Serve lifecycle -----------------------------------------------------------------------------
 

@@ -15,7 +15,23 @@ from .schemas import SamplingFields, is_valid_unicode
 
 
 class RequestError(ValueError):
-    """Bad input, with a message that names the problem (HTTP 400; a ``ValueError`` through a handle)."""
+    """Bad input, with a message that names the problem (HTTP 400; a ``ValueError`` through a handle);
+    ``param`` names the offending field where there is one."""
+
+    status = 400
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ModelNotFoundError(RequestError):
+    """The request names a model this server does not serve (HTTP 404, as vLLM answers)."""
+
+    status = 404
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="model")
 
 
 def parse(model: type[BaseModel], data: dict[str, Any]) -> Any:
@@ -25,7 +41,12 @@ def parse(model: type[BaseModel], data: dict[str, Any]) -> Any:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-        raise RequestError(f"invalid request: {problems}") from None
+        first = ".".join(str(p) for p in exc.errors()[0]["loc"]) if exc.errors() else None
+        raise RequestError(f"invalid request: {problems}", param=first) from None
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
 class RequestBuilder:
@@ -36,24 +57,34 @@ class RequestBuilder:
         self.config = config
 
     def sampling(self, fields: SamplingFields | dict[str, Any] | None) -> SamplingOptions:
-        """Merge per-request sampling with the app's defaults and check the limits."""
+        """Merge per-request sampling with the app's defaults (then vLLM's) and check the limits."""
         if not isinstance(fields, SamplingFields):
-            fields = SamplingFields.model_validate(fields or {})
+            fields = parse(SamplingFields, fields or {})
         defaults = self.config.sampling
         max_tokens = fields.max_tokens if fields.max_tokens is not None else defaults.max_tokens
         if max_tokens > self.config.max_tokens_limit:
             raise RequestError(f"max_tokens={max_tokens} exceeds this server's limit of {self.config.max_tokens_limit}")
         stop = fields.stop if fields.stop is not None else defaults.stop
+        given = fields.model_dump(
+            exclude_none=True, exclude={"max_tokens", "temperature", "top_p", "stop", "seed", "logit_bias"}
+        )
+        given = {name: value for name, value in given.items() if name in SamplingOptions.__dataclass_fields__}
+        if "stop_token_ids" in given:
+            given["stop_token_ids"] = tuple(given["stop_token_ids"])
         return SamplingOptions(
             max_tokens=max_tokens,
             temperature=fields.temperature if fields.temperature is not None else defaults.temperature,
             top_p=fields.top_p if fields.top_p is not None else defaults.top_p,
             stop=tuple(stop or ()),
             seed=fields.seed if fields.seed is not None else defaults.seed,
+            logit_bias=tuple((int(token), bias) for token, bias in (fields.logit_bias or {}).items()),
+            **given,
         )
 
-    def from_prompts(self, prompts: Sequence[str], sampling: SamplingOptions) -> list[GenerationRequest]:
-        """One engine request per prompt, in order."""
+    def from_prompts(
+        self, prompts: Sequence[str] | Sequence[Sequence[int]], sampling: SamplingOptions, n: int = 1
+    ) -> list[GenerationRequest]:
+        """``n`` engine requests per prompt (text, or token ids), in order."""
         if isinstance(prompts, str):
             raise RequestError("prompts must be a list of strings, not a single string")
         if not isinstance(prompts, (list, tuple)):
@@ -63,24 +94,36 @@ class RequestBuilder:
         limit = self.config.max_prompts_per_request
         if len(prompts) > limit:
             raise RequestError(f"{len(prompts)} prompts in one request; at most {limit} are allowed")
+        if len(prompts) * n > limit:
+            raise RequestError(f"{len(prompts)} prompts x n={n} in one request; at most {limit} are allowed")
         requests = []
         for index, prompt in enumerate(prompts):
-            if not isinstance(prompt, str):
-                raise RequestError(f"prompts[{index}] must be a string, got {type(prompt).__name__}")
-            if not prompt.strip():
-                raise RequestError(f"prompts[{index}] is empty")
-            self._check_chars(prompt, f"prompts[{index}]")
-            requests.append(self._request(self.engine.encode(prompt), prompt, sampling, f"prompts[{index}]"))
+            what = f"prompts[{index}]"
+            if _is_token_ids(prompt):
+                if not prompt:
+                    raise RequestError(f"{what} is empty")
+                token_ids, text = list(prompt), ""
+            elif isinstance(prompt, str):
+                if not prompt.strip():
+                    raise RequestError(f"{what} is empty")
+                self._check_chars(prompt, what)
+                token_ids, text = self.engine.encode(prompt), prompt
+            else:
+                raise RequestError(f"{what} must be a string or a list of token ids, got {type(prompt).__name__}")
+            requests += [self._request(token_ids, text, sampling, what) for _ in range(n)]
         return requests
 
-    def from_chat(self, messages: Sequence[dict[str, str]], sampling: SamplingOptions) -> GenerationRequest:
-        """One engine request for a conversation, with the model's chat template applied."""
+    def from_chat(
+        self, messages: Sequence[dict[str, str]], sampling: SamplingOptions, n: int = 1
+    ) -> list[GenerationRequest]:
+        """``n`` engine requests for a conversation (``{"role", "content"}`` dicts, content as text), with
+        the model's chat template applied."""
         if not messages:
             raise RequestError("messages must not be empty")
         for index, message in enumerate(messages):
             self._check_chars(message.get("content", ""), f"messages[{index}].content")
         token_ids, text = self.engine.encode_chat(messages)
-        return self._request(token_ids, text, sampling, "messages")
+        return [self._request(token_ids, text, sampling, "messages") for _ in range(n)]
 
     def _check_chars(self, text: str, what: str) -> None:
         if len(text) > self.config.max_prompt_chars:

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from serve_app.app import build_app, deployment_options
-from serve_app.config import AppConfig
+from serve_app.config import AUTO_FALLBACK_TOKENS, AppConfig, BatcherSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,7 +18,8 @@ def test_defaults_are_valid_and_select_the_bundled_model_on_vllm():
     config = AppConfig()
     assert config.engine == "vllm" and config.model == "bundled"
     assert config.model_name == "SmolLM2-135M-Instruct"
-    assert config.max_ongoing_requests >= config.batcher.max_batch_size
+    assert config.batcher.mode == "continuous" and config.batcher.max_inflight_tokens == "auto"
+    assert config.max_ongoing_requests >= config.batcher.max_inflight
 
 
 def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
@@ -30,7 +31,8 @@ def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
     assert (config.autoscaling.min_replicas, config.autoscaling.max_replicas) == (1, 2)
     options = deployment_options(config)
     assert options["autoscaling_config"]["max_replicas"] == 2
-    assert options["max_ongoing_requests"] >= config.batcher.max_batch_size
+    assert config.batcher.mode == "continuous"  # the vLLM app admits continuously by default
+    assert options["max_ongoing_requests"] >= config.batcher.max_inflight
     assert options["ray_actor_options"]["num_gpus"] == 0  # no Ray cluster with GPUs here
     # Serve's own queue, when capped, sheds with the same 503 + Retry-After as the batcher's.
     assert options["max_queued_requests"] == -1
@@ -49,9 +51,13 @@ def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
         ({"batcher": {"max_batch_size": 0}}, "max_batch_size"),
         ({"batcher": {"batch_timeout_s": -1}}, "batch_timeout_s"),
         ({"batcher": {"target_batch_tokens": "lots"}}, "target_batch_tokens"),
-        ({"batcher": {"max_batch_size": 64, "max_queue_size": 8}}, "max_queue_size"),
+        ({"batcher": {"mode": "batch", "max_batch_size": 64, "max_queue_size": 8}}, "max_queue_size"),
+        ({"batcher": {"mode": "static"}}, "mode"),
+        ({"batcher": {"max_inflight_tokens": 0}}, "max_inflight_tokens"),
+        ({"batcher": {"order": "random"}}, "order"),
         ({"batcher": {"max_batch_sise": 8}}, "max_batch_sise"),
-        ({"max_ongoing_requests": 8, "batcher": {"max_batch_size": 64}}, "max_ongoing_requests"),
+        ({"max_ongoing_requests": 8, "batcher": {"mode": "batch", "max_batch_size": 64}}, "max_ongoing_requests"),
+        ({"max_ongoing_requests": 8, "batcher": {"max_inflight": 64}}, "max_ongoing_requests"),
         ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas"),
         ({"sampling": {"temperature": 5}}, "temperature"),
         ({"sampling": {"max_tokens": 4096}, "max_tokens_limit": 1024}, "max_tokens"),
@@ -67,3 +73,12 @@ def test_gpus_per_replica_explicit_value_is_used():
     config = AppConfig(engine="vllm", gpus_per_replica=2)
     assert deployment_options(config)["ray_actor_options"]["num_gpus"] == 2
     assert deployment_options(AppConfig(engine="simulated"))["ray_actor_options"]["num_gpus"] == 0
+
+
+def test_auto_budget_is_the_engines_kv_cache_and_batch_mode_maps_to_token_batcher_knobs():
+    continuous = BatcherSettings()
+    assert continuous.batcher_kwargs(kv_cache_tokens=45_000)["max_inflight_cost"] == 45_000
+    assert continuous.batcher_kwargs(kv_cache_tokens=None)["max_inflight_cost"] == AUTO_FALLBACK_TOKENS
+    assert BatcherSettings(max_inflight_tokens=8_192).batcher_kwargs(45_000)["max_inflight_cost"] == 8_192
+    batch = BatcherSettings(mode="batch", max_batch_size=8).batcher_kwargs(45_000)
+    assert batch["max_batch_size"] == 8 and "max_inflight_cost" not in batch

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 from ..config import AppConfig
 from ..models import resolve
-from .base import Engine, EngineDeadError, GenerationRequest, GenerationResult, SamplingOptions
+from .base import (
+    Engine,
+    EngineDeadError,
+    GenerationDelta,
+    GenerationOutput,
+    GenerationRequest,
+    GenerationResult,
+    SamplingOptions,
+    progress,
+)
 
 __all__ = [
     "Engine",
     "EngineDeadError",
+    "GenerationDelta",
+    "GenerationOutput",
     "GenerationRequest",
     "GenerationResult",
     "SamplingOptions",
     "build_engine",
+    "progress",
 ]
 
 

@@ -1,11 +1,13 @@
-"""The one small interface every engine hides behind: a batch of requests in, results out, plus
-tokenization (for token costs and context checks), abort, health and shutdown."""
+"""The one small interface every engine hides behind, streaming first: one request in, its outputs out as
+they come (text deltas, then a final result with token counts and finish reason). A static-batch engine
+may take a whole batch instead. Plus tokenization (token costs, context checks), abort, health, shutdown."""
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -16,13 +18,24 @@ class EngineDeadError(RuntimeError):
 
 @dataclass(frozen=True)
 class SamplingOptions:
-    """Per-request sampling, already validated."""
+    """Per-request sampling, already validated: OpenAI's fields and vLLM's extensions, with vLLM's defaults."""
 
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
 
 @dataclass
@@ -37,8 +50,21 @@ class GenerationRequest:
     """When it passed validation (``time.monotonic``): the start of its queue wait."""
 
     def estimate_tokens(self) -> int:
-        """Its KV-cache footprint: the prompt plus every token it may generate (the batcher's cost)."""
+        """Its KV-cache footprint at the end: the prompt plus every token it may generate (its cost)."""
         return len(self.prompt_token_ids) + self.sampling.max_tokens
+
+    def estimate_growth(self) -> int:
+        """Tokens it may add while it runs (the continuous batcher's peak estimate)."""
+        return self.sampling.max_tokens
+
+
+@dataclass
+class GenerationDelta:
+    """New output of a running request: ``text`` since the previous delta; ``output_tokens`` so far."""
+
+    request_id: str
+    text: str
+    output_tokens: int
 
 
 @dataclass
@@ -57,10 +83,25 @@ class GenerationResult:
         return asdict(self)
 
 
+GenerationOutput = GenerationDelta | GenerationResult
+"""What an engine stream yields: deltas, then exactly one final :class:`GenerationResult`."""
+
+
+def progress(output: GenerationOutput) -> int:
+    """Tokens a request has generated so far, from any of its outputs (the batcher's ``progress_fn``)."""
+    return output.output_tokens
+
+
 class Engine(abc.ABC):
-    """An inference engine behind the batcher. ``generate`` never blocks the event loop."""
+    """An inference engine behind the batcher; nothing here blocks the event loop.
+
+    A continuous-batching engine (``continuous = True``: vLLM, the simulated one) implements :meth:`stream`
+    and gets :meth:`generate` from it; a static-batch engine implements :meth:`generate` and gets a
+    one-output :meth:`stream` from it.
+    """
 
     name: str = "engine"
+    continuous: bool = True
     max_model_len: int
 
     @abc.abstractmethod
@@ -68,13 +109,39 @@ class Engine(abc.ABC):
         """Token ids of a plain prompt, as the engine will see it."""
 
     @abc.abstractmethod
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str]:
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
         """Token ids (and text) of chat messages with the model's chat template and generation prompt."""
 
-    @abc.abstractmethod
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids (prompts given as ids); engines with a tokenizer override it."""
+        raise NotImplementedError(f"the {self.name} engine cannot decode token ids")
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """One request's outputs as they come: deltas, then one final result. A request that fails alone
+        ends with an ``error`` result; raise only when the engine failed (``EngineDeadError`` if gone).
+        Cancelling the iteration aborts the request."""
+        (result,) = await self.generate([request])
+        yield result
+
     async def generate(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
-        """Run a batch; one result per request, in order. A request that fails alone gets an ``error``
-        result; raise only when the whole batch failed (``EngineDeadError`` when the engine is gone)."""
+        """Run a batch; one result per request, in order. Raises when the batch failed as a whole."""
+        outcomes = await asyncio.gather(*(self._final(r) for r in batch), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return list(outcomes)
+
+    async def _final(self, request: GenerationRequest) -> GenerationResult:
+        result = None
+        async for output in self.stream(request):
+            result = output
+        if not isinstance(result, GenerationResult):
+            raise RuntimeError(f"the {self.name} engine's stream ended without a final result")
+        return result
+
+    def kv_cache_tokens(self) -> int | None:
+        """How many tokens the engine's KV cache holds (sizes an ``auto`` in-flight budget); None: unknown."""
+        return None
 
     async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Stop a request whose caller went away (its result is then discarded)."""

@@ -1,108 +1,259 @@
 """The SIMULATED engine: no model, deterministic text, and time from a cost model. For tests and
 benchmarks of the batching and serving logic only; it is never the default engine.
 
-Tokenization is simulated too: one token per 4 characters. A batch sleeps for
-``batch_overhead_s + prefill + decode`` where prefill is ``prefill_s_per_token`` per prompt token (batch
-size x the longest prompt when ``padded``) and decode is ``step_s`` per step of the longest generation plus
-``step_s_per_seq`` per generated token (per step of the longest, for every sequence, when ``padded``).
+By default it batches continuously, as vLLM does: one stepper task advances every running sequence by one
+token per step; a step takes ``step_s + step_s_per_seq * sequences + step_s_per_token * tokens in their
+contexts + prefill_s_per_token * prompt tokens entering this step``; each sequence streams its tokens and
+ends at its own length (``max_tokens``), freeing its place for the next (at most ``max_num_seqs`` run; the
+rest wait in the engine's own queue). With ``padded`` it is a static, padded batch engine instead: a batch
+takes ``batch_overhead_s`` plus prefill and decode over batch size x the longest prompt and output.
+
+Tokenization is simulated too: one token per 4 characters. Replies echo the prompt's words.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from ..config import SimulatedSettings
-from .base import Engine, EngineDeadError, GenerationRequest, GenerationResult
+from .base import Engine, EngineDeadError, GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4
+PREFIX = "[simulated] "
+
+
+class _Sequence:
+    """One request inside the simulated engine."""
+
+    __slots__ = ("aborted", "finished", "outputs", "prefilled", "produced", "request", "words")
+
+    def __init__(self, request: GenerationRequest) -> None:
+        self.request = request
+        self.words = request.prompt_text.split() or ["..."]
+        self.produced = 0
+        self.prefilled = False
+        self.finished = False
+        self.aborted = False
+        self.outputs: asyncio.Queue[GenerationOutput | BaseException] = asyncio.Queue()
+
+    def token_text(self, index: int) -> str:
+        word = self.words[index % len(self.words)]
+        return PREFIX + word if index == 0 else " " + word
+
+    def context(self) -> int:
+        return len(self.request.prompt_token_ids) + self.produced
 
 
 class SimulatedEngine(Engine):
-    """A stand-in for a model (named simulated wherever it shows): replies echo the prompt."""
+    """A stand-in for a model (named simulated wherever it shows)."""
 
     name = "simulated"
 
     def __init__(self, settings: SimulatedSettings) -> None:
         self.settings = settings
         self.max_model_len = settings.max_model_len
+        self.continuous = not settings.padded
         self._dead: str | None = None
-        self._running: set[str] = set()
-        self._aborted: set[str] = set()
-        self._counts = {"batches": 0, "requests": 0, "aborts": 0}
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._by_id: dict[str, _Sequence] = {}
+        self._wake: asyncio.Event | None = None
+        self._stepper: asyncio.Task | None = None
+        self._counts = {"batches": 0, "steps": 0, "requests": 0, "aborts": 0, "peak_running": 0}
 
     def encode(self, text: str) -> list[int]:
         return [sum(text[i : i + CHARS_PER_TOKEN].encode()) for i in range(0, len(text), CHARS_PER_TOKEN)]
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str]:
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
         text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
         return self.encode(text), text
 
-    def batch_seconds(self, batch: Sequence[GenerationRequest]) -> float:
-        """How long the cost model says this batch takes."""
-        s = self.settings
-        prompts = [len(r.prompt_token_ids) for r in batch]
-        outputs = [r.sampling.max_tokens for r in batch]
-        prefill = len(batch) * max(prompts) if s.padded else sum(prompts)
-        decode_tokens = len(batch) * max(outputs) if s.padded else sum(outputs)
-        return (
-            s.batch_overhead_s
-            + s.prefill_s_per_token * prefill
-            + s.step_s * max(outputs)
-            + s.step_s_per_seq * decode_tokens
-        )
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return " ".join(f"t{token}" for token in token_ids)
 
-    async def generate(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
+    def kv_cache_tokens(self) -> int | None:
+        return self.settings.kv_cache_tokens
+
+    # -- Continuous batching -------------------------------------------------------------------------
+
+    def _admit(self, request: GenerationRequest) -> GenerationResult | None:
+        """Markers and health, before a request enters: a final result when it fails at once."""
         if self._dead is not None:
             raise EngineDeadError(f"simulated engine is dead: {self._dead}")
         die = self.settings.die_marker
-        if die and any(die in r.prompt_text for r in batch):
-            self._dead = "a prompt carried the die marker"
-            logger.error("simulated engine: die marker seen; the engine is now dead")
+        if die and die in request.prompt_text:
+            self._die("a prompt carried the die marker")
             raise EngineDeadError("simulated engine died (die marker)")
+        self._counts["requests"] += 1
+        fail = self.settings.fail_marker
+        if fail and fail in request.prompt_text:
+            prompt_tokens = len(request.prompt_token_ids)
+            return GenerationResult(
+                request.request_id, "", prompt_tokens, 0, "error", error="simulated failure (fail marker)"
+            )
+        return None
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        if not self.continuous:
+            async for output in super().stream(request):
+                yield output
+            return
+        failed = self._admit(request)
+        if failed is not None:
+            yield failed
+            return
+        sequence = _Sequence(request)
+        self._waiting.append(sequence)
+        self._by_id[request.request_id] = sequence
+        self._kick()
+        try:
+            while True:
+                output = await sequence.outputs.get()
+                if isinstance(output, BaseException):
+                    raise output
+                yield output
+                if isinstance(output, GenerationResult):
+                    return
+        finally:
+            if not sequence.finished:  # the consumer went away: abort, as vLLM does on cancellation
+                sequence.finished = True
+                self._counts["aborts"] += 1
+                if sequence in self._waiting:
+                    self._waiting.remove(sequence)
+            self._by_id.pop(request.request_id, None)
+
+    def _kick(self) -> None:
+        if self._stepper is None or self._stepper.done():
+            self._wake = asyncio.Event()
+            self._stepper = asyncio.get_running_loop().create_task(self._steps(), name="simulated-engine-steps")
+        self._wake.set()
+
+    def step_seconds(self, running: Sequence[_Sequence]) -> float:
+        """How long the cost model says one decode step over ``running`` takes."""
+        s = self.settings
+        prefill = sum(len(q.request.prompt_token_ids) for q in running if not q.prefilled)
+        context = sum(q.context() for q in running)
+        return (
+            s.step_s + s.step_s_per_seq * len(running) + s.step_s_per_token * context + s.prefill_s_per_token * prefill
+        )
+
+    async def _steps(self) -> None:
+        """The engine loop: fill free places from the waiting queue, advance every running sequence."""
+        while self._dead is None:
+            running = self._running = [q for q in self._running if not q.finished]
+            while len(running) < self.settings.max_num_seqs and self._waiting:
+                running.append(self._waiting.popleft())
+            if not running:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            self._counts["peak_running"] = max(self._counts["peak_running"], len(running))
+            await asyncio.sleep(self.step_seconds(running))
+            self._counts["steps"] += 1
+            for sequence in running:
+                if not sequence.finished:
+                    self._advance(sequence)
+
+    def _advance(self, sequence: _Sequence) -> None:
+        request = sequence.request
+        sequence.prefilled = True
+        if sequence.aborted:
+            self._finish(sequence, "abort")
+            return
+        sequence.produced += 1
+        text = sequence.token_text(sequence.produced - 1)
+        sequence.outputs.put_nowait(GenerationDelta(request.request_id, text, sequence.produced))
+        if sequence.produced >= request.sampling.max_tokens:
+            bad = self.settings.raise_marker
+            if bad and bad in request.prompt_text:
+                sequence.finished = True
+                sequence.outputs.put_nowait(RuntimeError("simulated engine error (raise marker)"))
+                return
+            self._finish(sequence, "length")
+
+    def _finish(self, sequence: _Sequence, reason: str) -> None:
+        sequence.finished = True
+        produced = sequence.produced
+        text = "".join(sequence.token_text(i) for i in range(produced))
+        request = sequence.request
+        sequence.outputs.put_nowait(
+            GenerationResult(request.request_id, text, len(request.prompt_token_ids), produced, reason)
+        )
+
+    def _die(self, reason: str) -> None:
+        self._dead = reason
+        logger.error("simulated engine: %s; the engine is now dead", reason)
+        for sequence in [*self._running, *self._waiting]:
+            if not sequence.finished:
+                sequence.finished = True
+                sequence.outputs.put_nowait(EngineDeadError(f"simulated engine died: {reason}"))
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- Static, padded batches ----------------------------------------------------------------------
+
+    def batch_seconds(self, batch: Sequence[GenerationRequest]) -> float:
+        """How long the padded cost model says this batch takes."""
+        s = self.settings
+        prompts = [len(r.prompt_token_ids) for r in batch]
+        outputs = [r.sampling.max_tokens for r in batch]
+        return (
+            s.batch_overhead_s
+            + s.prefill_s_per_token * len(batch) * max(prompts)
+            + s.step_s * max(outputs)
+            + s.step_s_per_seq * len(batch) * max(outputs)
+        )
+
+    async def generate(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
+        if self.continuous:
+            return await super().generate(batch)
+        failed = [self._admit(r) for r in batch]
         self._counts["batches"] += 1
-        self._counts["requests"] += len(batch)
         ids = {r.request_id for r in batch}
-        self._running |= ids
+        self._by_id.update({r.request_id: _Sequence(r) for r in batch})
         try:
             await asyncio.sleep(self.batch_seconds(batch))
             bad = self.settings.raise_marker
             if bad and any(bad in r.prompt_text for r in batch):
                 raise RuntimeError(f"simulated engine error in a batch of {len(batch)} (raise marker)")
-            return [self._result(r) for r in batch]
+            results = []
+            for request, failure in zip(batch, failed):
+                sequence = self._by_id[request.request_id]
+                if failure is not None:
+                    results.append(failure)
+                    continue
+                if not sequence.aborted:
+                    sequence.produced = request.sampling.max_tokens
+                self._finish(sequence, "abort" if sequence.aborted else "length")
+                results.append(sequence.outputs.get_nowait())
+            return results
         finally:
-            self._running -= ids
-            self._aborted -= ids
+            for request_id in ids:
+                self._by_id.pop(request_id, None)
 
-    def _result(self, request: GenerationRequest) -> GenerationResult:
-        prompt_tokens = len(request.prompt_token_ids)
-        if request.request_id in self._aborted:
-            return GenerationResult(request.request_id, "", prompt_tokens, 0, "abort")
-        fail = self.settings.fail_marker
-        if fail and fail in request.prompt_text:
-            return GenerationResult(
-                request.request_id, "", prompt_tokens, 0, "error", error="simulated failure (fail marker)"
-            )
-        n = request.sampling.max_tokens
-        words = request.prompt_text.split() or ["..."]
-        text = " ".join(words[i % len(words)] for i in range(n))
-        return GenerationResult(request.request_id, f"[simulated] {text}", prompt_tokens, n, "length")
+    # -- Lifecycle -----------------------------------------------------------------------------------
 
     async def abort(self, request_id: str) -> None:
-        """Abort a running request (its result becomes an "abort"); an id not running is ignored, as vLLM does."""
-        if request_id in self._running:
+        """Abort a running request (it ends with finish reason "abort"); an unknown id is ignored, as in vLLM."""
+        sequence = self._by_id.get(request_id)
+        if sequence is not None and not sequence.finished and not sequence.aborted:
             self._counts["aborts"] += 1
-            self._aborted.add(request_id)
+            sequence.aborted = True
 
     def stats(self) -> dict[str, int]:
-        return dict(self._counts)
+        return {**self._counts, "running": len(self._running), "waiting": len(self._waiting)}
 
     async def check_health(self) -> None:
         if self._dead is not None:
             raise EngineDeadError(f"simulated engine is dead: {self._dead}")
 
     async def shutdown(self) -> None:
-        self._dead = self._dead or "shut down"
+        self._die(self._dead or "shut down")
+        if self._stepper is not None:
+            self._stepper.cancel()

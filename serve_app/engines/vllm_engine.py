@@ -1,8 +1,9 @@
 """The vLLM engine: vLLM's ``AsyncLLM`` (never the blocking offline ``LLM.generate`` inside async code).
 
-Each request of a batch goes to the engine concurrently with its own request id, so vLLM's continuous
-batching schedules them together; ``abort`` cancels one whose caller went away. Prompts arrive tokenized
-(the replica counts tokens for the batcher anyway) and go in through vLLM's renderer.
+Each request streams through ``AsyncLLM.generate`` with its own request id (deltas as they come); vLLM's
+continuous batching schedules every request it holds together, and cancelling a stream aborts its request.
+Prompts arrive tokenized (the replica counts tokens for the batcher anyway) and go in through vLLM's
+renderer.
 """
 
 from __future__ import annotations
@@ -10,11 +11,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ..config import VLLMSettings
-from .base import Engine, EngineDeadError, GenerationRequest, GenerationResult
+from .base import (
+    Engine,
+    EngineDeadError,
+    GenerationDelta,
+    GenerationOutput,
+    GenerationRequest,
+    GenerationResult,
+    SamplingOptions,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,55 +93,82 @@ class VLLMEngine(Engine):
         """Token ids of a plain prompt (with the tokenizer's BOS, as vLLM's completion path adds it)."""
         return list(self.tokenizer.encode(text))
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str]:
+    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
         """Apply the model's chat template (with the assistant's generation prompt) and tokenize."""
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
         return list(self.tokenizer.encode(text, add_special_tokens=False)), text
 
-    async def generate(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
-        if self._dead is not None:
-            raise EngineDeadError(f"vLLM engine is dead: {self._dead!r}")
-        return list(await asyncio.gather(*(self._generate_one(request) for request in batch)))
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids))
 
-    async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the KV cache holds: vLLM's block count (known once its engine is up) x block size."""
+        cache = self._llm.vllm_config.cache_config
+        return cache.num_gpu_blocks * cache.block_size if cache.num_gpu_blocks else None
+
+    @staticmethod
+    def sampling_params(s: SamplingOptions) -> Any:
+        """vLLM's ``SamplingParams`` for validated options, streaming deltas."""
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+        from vllm.sampling_params import RequestOutputKind
 
-        s = request.sampling
-        params = SamplingParams(
+        return SamplingParams(
             max_tokens=s.max_tokens,
             temperature=s.temperature,
             top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            frequency_penalty=s.frequency_penalty,
+            presence_penalty=s.presence_penalty,
+            repetition_penalty=s.repetition_penalty,
+            min_tokens=s.min_tokens,
+            ignore_eos=s.ignore_eos,
+            logit_bias=dict(s.logit_bias) or None,
             stop=list(s.stop) or None,
+            stop_token_ids=list(s.stop_token_ids) or None,
+            skip_special_tokens=s.skip_special_tokens,
+            include_stop_str_in_output=s.include_stop_str_in_output,
             seed=s.seed,
+            output_kind=RequestOutputKind.DELTA,
         )
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """``AsyncLLM.generate``'s delta stream; cancelling the iteration aborts the request in vLLM."""
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+
+        if self._dead is not None:
+            raise EngineDeadError(f"vLLM engine is dead: {self._dead!r}")
+        prompt_tokens = len(request.prompt_token_ids)
+        self._counts["requests"] += 1
+        parts: list[str] = []
+        produced = 0
+        finish_reason = None
         try:
-            self._counts["requests"] += 1
+            params = self.sampling_params(request.sampling)
             prompt = await self._render(TokensPrompt(prompt_token_ids=request.prompt_token_ids))
-            final = None
             async for output in self._llm.generate(prompt, params, request.request_id):
-                final = output
+                if not output.outputs:
+                    continue
+                completion = output.outputs[0]
+                produced += len(completion.token_ids)
+                if completion.text or completion.token_ids:
+                    parts.append(completion.text)
+                    yield GenerationDelta(request.request_id, completion.text, produced)
+                finish_reason = completion.finish_reason or finish_reason
         except VLLMEngineDeadError as exc:
             self._dead = exc
             raise EngineDeadError(f"vLLM engine died: {exc}") from exc
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):
+            self._counts["aborts"] += 1  # AsyncLLM.generate aborted the request on its way out
             raise
         except Exception as exc:  # a request that fails alone (vLLM validation, ...)
             logger.warning("request %s failed: %r", request.request_id, exc)
-            return GenerationResult(
-                request.request_id, "", len(request.prompt_token_ids), 0, "error", error=f"{type(exc).__name__}: {exc}"
+            yield GenerationResult(
+                request.request_id, "", prompt_tokens, produced, "error", error=f"{type(exc).__name__}: {exc}"
             )
-        if final is None or not final.outputs:
-            return GenerationResult(request.request_id, "", len(request.prompt_token_ids), 0, "abort")
-        completion = final.outputs[0]
-        return GenerationResult(
-            request_id=request.request_id,
-            text=completion.text,
-            prompt_tokens=len(final.prompt_token_ids or request.prompt_token_ids),
-            output_tokens=len(completion.token_ids),
-            finish_reason=completion.finish_reason or "abort",
-        )
+            return
+        yield GenerationResult(request.request_id, "".join(parts), prompt_tokens, produced, finish_reason or "abort")
 
     async def _render(self, prompt: Any) -> Any:
         """Hand a tokenized prompt to vLLM's renderer (raw prompts to ``generate`` are deprecated)."""
