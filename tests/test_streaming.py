@@ -1,0 +1,232 @@
+"""Streaming and the OpenAI surface against a local app with the SIMULATED continuous-batching engine: the
+OpenAI Python client with and without ``stream=True``, Server-Sent Events framing, usage, the field
+matrix (honoured / refused with 400 naming the field / unknown 422), disconnects mid-stream (engine abort,
+budget freed), and handle streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.serve
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def app(serve_instance, deploy_app):
+    handle = deploy_app("stream", simulated={"step_s": 0.002}, sampling={"max_tokens": 8})
+    return serve_instance + "/stream", handle
+
+
+@pytest.fixture
+def client(app):
+    openai = pytest.importorskip("openai")
+    return openai.AsyncOpenAI(base_url=app[0] + "/v1", api_key="unused", max_retries=0)
+
+
+def sse_events(text: str) -> list[str]:
+    """The ``data:`` payloads of an SSE body, in order."""
+    return [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
+
+
+async def test_openai_client_completions_streamed_deltas_equal_the_whole_text(client):
+    whole = await client.completions.create(model=MODEL, prompt="the quick brown fox", max_tokens=12)
+    stream = await client.completions.create(
+        model=MODEL, prompt="the quick brown fox", max_tokens=12, stream=True, stream_options={"include_usage": True}
+    )
+    pieces, usage, reasons = [], None, []
+    async for chunk in stream:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].text)
+            reasons.append(chunk.choices[0].finish_reason)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert whole.choices[0].text.startswith("[simulated] the quick brown fox")
+    assert "".join(pieces) == whole.choices[0].text
+    assert len(pieces) >= 12  # token by token, not one block at the end
+    assert reasons[-1] == whole.choices[0].finish_reason == "length" and set(reasons[:-1]) == {None}
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens == 12
+    assert usage.prompt_tokens == whole.usage.prompt_tokens > 0
+
+
+async def test_openai_client_chat_streamed_deltas_equal_the_whole_message(client):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "name three colours"}]
+    whole = await client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=10)
+    stream = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, stream=True)
+    roles, pieces, reasons = [], [], []
+    async for chunk in stream:
+        assert chunk.object == "chat.completion.chunk" and chunk.model == MODEL
+        delta = chunk.choices[0].delta
+        roles += [delta.role] if delta.role else []
+        pieces.append(delta.content or "")
+        reasons.append(chunk.choices[0].finish_reason)
+    assert whole.choices[0].message.role == "assistant" and whole.usage.completion_tokens == 10
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert roles == ["assistant"] and reasons[-1] == "length"
+
+
+async def test_chat_content_parts_and_n_choices(client):
+    parts = [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]
+    plain = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello there"}], max_tokens=4
+    )
+    answer = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": parts}], max_tokens=4, n=3
+    )
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    assert all(c.message.content == plain.choices[0].message.content for c in answer.choices)
+    assert answer.usage.completion_tokens == 12 and answer.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
+    """The exact bodies of vLLM's benchmark client (``vllm bench serve``), which used to get 422s."""
+    url, _ = app
+    completion = {
+        "model": MODEL,
+        "prompt": "a b c",
+        "repetition_penalty": 1.0,
+        "max_tokens": 5,
+        "logprobs": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a b c"}]}],
+        "max_completion_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        for path, body in (("/v1/completions", completion), ("/v1/chat/completions", chat)):
+            response = await http.post(path, json=body)
+            assert response.status_code == 200, response.text
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(response.text)
+            assert events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+            assert all(c["choices"] for c in chunks[:-1])
+        health = await http.get("/health")
+        models = (await http.get("/v1/models")).json()
+    assert health.status_code == 200
+    (card,) = models["data"]
+    assert card["id"] == MODEL and card["root"] == "bundled" and card["max_model_len"] == 2048
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "status", "param"),
+    [
+        # honoured (vLLM's sampling extensions and OpenAI's penalties)
+        ("/v1/completions", {"top_k": 5, "min_p": 0.1, "repetition_penalty": 1.1, "min_tokens": 1}, 200, None),
+        ("/v1/completions", {"frequency_penalty": 0.5, "presence_penalty": -0.5, "logit_bias": {"17": 3}}, 200, None),
+        ("/v1/completions", {"seed": 3, "user": "u1", "ignore_eos": True, "stop": ["zz"], "n": 2}, 200, None),
+        ("/v1/completions", {"echo": True, "best_of": 1, "logprobs": None, "suffix": None}, 200, None),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "text"}, "tool_choice": "none", "store": False},
+            200,
+            None,
+        ),
+        ("/v1/chat/completions", {"logprobs": False, "metadata": {"k": "v"}, "parallel_tool_calls": False}, 200, None),
+        # refused: cannot be honoured here
+        ("/v1/completions", {"logprobs": 2}, 400, "logprobs"),
+        ("/v1/completions", {"suffix": "end"}, 400, "suffix"),
+        ("/v1/completions", {"use_beam_search": True}, 400, "use_beam_search"),
+        ("/v1/completions", {"stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ("/v1/chat/completions", {"logprobs": True}, 400, "logprobs"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, 400, "response_format"),
+        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        ("/v1/chat/completions", {"model": "gpt-9"}, 404, "model"),
+        # malformed or unknown
+        ("/v1/completions", {"n": 0}, 422, "n"),
+        ("/v1/completions", {"top_k": -2}, 422, "top_k"),
+        ("/v1/completions", {"logit_bias": {"not-a-token": 1}}, 422, "logit_bias"),
+        ("/v1/chat/completions", {"frequency_penalty": 3}, 422, "frequency_penalty"),
+        ("/v1/chat/completions", {"no_such_field": 1}, 422, "no_such_field"),
+    ],
+)
+async def test_openai_field_matrix(app, path, extra, status, param):
+    url, _ = app
+    body = (
+        {"prompt": "hi there", "max_tokens": 2}
+        if path == "/v1/completions"
+        else {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        }
+    )
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        response = await http.post(path, json={**body, **extra})
+    assert response.status_code == status, response.text
+    if status == 200:
+        assert response.json()["choices"]
+    else:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+        assert param in (error["param"] or "") and param in error["message"]
+
+
+async def test_image_content_part_is_refused_naming_it(app):
+    url, _ = app
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what"}, image]}]}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        response = await http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages[0].content[1]"
+
+
+async def test_token_id_prompts_and_echo(app):
+    url, _ = app
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        ids = await http.post("/v1/completions", json={"prompt": [[5, 6, 7], [8, 9]], "max_tokens": 2})
+        echo = await http.post("/v1/completions", json={"prompt": "say it", "max_tokens": 2, "echo": True})
+    assert ids.status_code == 200 and [c["index"] for c in ids.json()["choices"]] == [0, 1]
+    assert ids.json()["usage"]["prompt_tokens"] == 5
+    assert echo.json()["choices"][0]["text"].startswith("say it[simulated] say")
+
+
+async def test_disconnect_mid_stream_aborts_the_engine_request_and_frees_its_budget(serve_instance, deploy_app):
+    """A client that goes away mid-stream: its request is aborted in the engine and its tokens return."""
+    handle = deploy_app("abort", simulated={"step_s": 0.05}, batcher={"max_inflight": 4})
+    url = serve_instance + "/abort"
+    before = await handle.stats.remote()
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        body = {"prompt": "long story", "max_tokens": 400, "stream": True}
+        async with http.stream("POST", "/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            received = 0
+            async for line in response.aiter_lines():
+                received += line.startswith("data: ")
+                if received >= 3:
+                    break  # leave after three chunks: the connection closes
+    for _ in range(100):
+        stats = await handle.stats.remote()
+        if stats["engine_stats"]["aborts"] > before["engine_stats"]["aborts"] and stats["batcher"]["in_flight"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert stats["engine_stats"]["aborts"] == before["engine_stats"]["aborts"] + 1
+    assert stats["batcher"]["in_flight"] == 0 and stats["batcher"]["in_flight_cost"] == 0
+    assert stats["batcher"]["total_cancelled"] >= 1
+    assert stats["engine_stats"]["steps"] < 100  # it stopped long before its 400 tokens
+
+
+async def test_handle_streaming_yields_deltas_then_the_result(app):
+    _, handle = app
+    streaming = handle.options(stream=True)
+    items = [item async for item in streaming.generate_stream.remote("one two three", max_tokens=6)]
+    assert [i["type"] for i in items] == ["delta"] * 6 + ["result"]
+    assert "".join(i["text"] for i in items[:-1]) == items[-1]["text"]
+    assert [i["output_tokens"] for i in items[:-1]] == [1, 2, 3, 4, 5, 6]
+    chat = [i async for i in streaming.chat_stream.remote([{"role": "user", "content": "hey"}], max_tokens=3)]
+    assert chat[-1]["type"] == "result" and chat[-1]["output_tokens"] == 3
+    whole = await handle.chat.remote([{"role": "user", "content": "hey"}], max_completion_tokens=3)
+    assert whole["text"] == chat[-1]["text"]
+    with pytest.raises(ValueError, match="model"):  # the handle checks the model as HTTP does
+        await handle.chat.remote([{"role": "user", "content": "hey"}], model="gpt-9")
