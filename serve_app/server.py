@@ -94,7 +94,7 @@ async def _invalid(_: Request, exc: RequestValidationError) -> Response:
         for e in errors
     )
     first = errors[0].get("loc", ())[1:] if errors else ()
-    return _error(422, f"invalid request: {problems}", ".".join(str(p) for p in first) or None)
+    return _error(422, f"invalid request: {problems}", ".".join(str(p) for p in first) or "body")
 
 
 def _preview(value: Any, limit: int = 200) -> str:

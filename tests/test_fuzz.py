@@ -55,6 +55,16 @@ sampling = {
     "top_p": st.one_of(st.floats(-0.5, 1.5), anything),
     "stop": st.one_of(st.lists(texts, max_size=5), anything),
     "seed": st.one_of(st.integers(-(2**70), 2**70), anything),
+    "top_k": st.one_of(st.integers(-3, 100), anything),
+    "min_p": st.one_of(st.floats(-1, 2), anything),
+    "repetition_penalty": st.one_of(st.floats(-1, 3), anything),
+    "logit_bias": st.one_of(st.dictionaries(st.sampled_from(["1", "50", "x", "-3", "99999999999"]), numbers), anything),
+}
+openai_fields = {
+    "stream": st.one_of(st.booleans(), anything),
+    "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.booleans()}), anything),
+    "n": st.one_of(st.integers(-1, 20), anything),
+    "user": anything,
 }
 
 
@@ -63,11 +73,19 @@ def body_of(fields: dict[str, st.SearchStrategy]) -> st.SearchStrategy[dict[str,
     return st.fixed_dictionaries({}, optional={**fields, "unknown_field": anything})
 
 
+parts = st.lists(
+    st.one_of(
+        st.fixed_dictionaries({"type": st.just("text"), "text": texts}),
+        st.fixed_dictionaries({"type": st.sampled_from(["image_url", "input_audio", "text"]), "image_url": anything}),
+    ),
+    max_size=3,
+)
 messages = st.lists(
     st.one_of(
         st.fixed_dictionaries(
-            {"role": st.sampled_from(["system", "user", "assistant", "tool", "x"]), "content": texts}
+            {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool", "x"]), "content": texts}
         ),
+        st.fixed_dictionaries({"role": st.just("user"), "content": parts}),
         anything,
     ),
     max_size=4,
@@ -80,8 +98,9 @@ ENDPOINTS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         {
             "prompt": st.one_of(texts, st.lists(texts, max_size=4), anything),
             "model": st.one_of(st.just("simulated"), texts, anything),
-            "stream": st.one_of(st.booleans(), anything),
-            "n": anything,
+            "echo": anything,
+            "logprobs": st.one_of(st.none(), st.integers(-1, 30), anything),
+            **openai_fields,
             **sampling,
         }
     ),
@@ -90,6 +109,10 @@ ENDPOINTS: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             "messages": st.one_of(messages, anything),
             "model": st.one_of(texts, anything),
             "max_completion_tokens": st.one_of(st.integers(-5, 3000), anything),
+            "logprobs": anything,
+            "response_format": st.one_of(st.fixed_dictionaries({"type": st.sampled_from(["text", "json"])}), anything),
+            "tools": anything,
+            **openai_fields,
             **sampling,
         }
     ),
@@ -106,12 +129,15 @@ def check(response: httpx.Response, where: str) -> None:
     TRIED[f"{response.status_code}"] += 1
     assert response.status_code < 500, f"{where}: {response.status_code} {response.text[:500]}"
     if response.status_code >= 400:
-        detail = response.json()["detail"]
-        if response.status_code == 422:  # FastAPI's validation errors: each names the field it is about
-            assert isinstance(detail, list) and detail, response.text
-            assert all(item["loc"] and item["msg"] for item in detail), response.text
-        else:
-            assert isinstance(detail, str) and len(detail) > 10, response.text
+        body = response.json()
+        if "detail" in body:  # Starlette's own answer to an unknown route or method
+            assert response.status_code in (404, 405) and body["detail"], response.text
+            return
+        error = body["error"]  # OpenAI's envelope, on every route of the app
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == response.status_code
+        assert isinstance(error["message"], str) and len(error["message"]) > 10, response.text
+        if response.status_code == 422:  # validation errors name the field they are about
+            assert error["param"], response.text
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +159,20 @@ def test_post_endpoints_never_fail_on_any_body(client, path):
         response = client.post(path, content=encode(body), headers={"content-type": "application/json"})
         check(response, f"POST {path} {encode(body)[:300]!r}")
         if response.status_code == 200:
+            if response.headers["content-type"].startswith("text/event-stream"):
+                events = [line[6:] for line in response.text.split("\n") if line.startswith("data: ")]
+                assert events[-1] == "[DONE]" and len(events) > 1, response.text[:500]
+                assert all("error" not in json.loads(e) for e in events[:-1]), response.text[:500]
+                return
             payload = response.json()
             if path == "/generate":
                 assert len(payload["results"]) == len(body["prompts"])
-            else:
-                assert payload["choices"] and payload["usage"]["total_tokens"] >= 0
+                return
+            usage = payload["usage"]
+            assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+            # the simulated engine generates max_tokens (>= 1) for every choice
+            assert len(payload["choices"]) >= 1 and usage["completion_tokens"] >= len(payload["choices"])
+            assert [c["index"] for c in payload["choices"]] == list(range(len(payload["choices"])))
 
     run()
 

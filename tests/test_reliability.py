@@ -152,8 +152,8 @@ def _check_storm(storm: dict[str, Any], n: int) -> list[dict[str, Any]]:
 
 
 LOAD_APP = {
-    "simulated": {"batch_overhead_s": 0.02, "step_s": 0.001},
-    "batcher": {"max_batch_size": 64, "batch_timeout_s": 0.01, "max_queue_size": 4096},
+    "simulated": {"step_s": 0.01, "step_s_per_seq": 0.0001},
+    "batcher": {"max_queue_size": 4096},
     "sampling": {"max_tokens": 2},
 }
 
@@ -179,7 +179,7 @@ async def test_2000_concurrent_http_requests_are_all_answered_once(serve_instanc
         "p50_s": round(statistics.median(latencies), 3),
         "p99_s": round(percentile(latencies, 0.99), 3),
         "req_per_s": round(n / storm["wall"], 1),
-        "avg_batch": round(after["batcher"]["avg_batch_size"], 1),
+        "peak_in_engine": after["engine_stats"]["peak_running"],
     }
 
 
@@ -221,8 +221,7 @@ async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_insta
     deploy(
         "phoenix",
         autoscaling={"min_replicas": 2, "max_replicas": 2},
-        simulated={"batch_overhead_s": 0.2},
-        batcher={"max_batch_size": 16, "batch_timeout_s": 0.01},
+        simulated={"step_s": 0.07},
     )
     await wait_for(lambda: running_replicas("phoenix") == 2, 60, "two replicas")
     before = replica_actors("phoenix")
@@ -275,8 +274,8 @@ async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_insta
 async def test_engine_raising_mid_batch_fails_only_the_bad_records_with_isolation(serve_instance, deploy):
     handle = deploy(
         "isolate",
-        simulated={"batch_overhead_s": 0.05},
-        batcher={"isolate_failures": True, "max_batch_size": 32, "batch_timeout_s": 0.05},
+        simulated={"batch_overhead_s": 0.05, "padded": True},
+        batcher={"mode": "batch", "isolate_failures": True, "max_batch_size": 32, "batch_timeout_s": 0.05},
     )
     before = (await handle.stats.remote())["batcher"]
     prompts = [f"fine {i}" for i in range(12)]
@@ -296,8 +295,8 @@ async def test_engine_raising_mid_batch_fails_only_the_bad_records_with_isolatio
 async def test_engine_raising_mid_batch_fails_only_that_batch_without_isolation(serve_instance, deploy):
     handle = deploy(
         "noisolate",
-        simulated={"batch_overhead_s": 0.3},
-        batcher={"max_batch_size": 8, "batch_timeout_s": 0, "max_concurrent_batches": 1},
+        simulated={"batch_overhead_s": 0.3, "padded": True},
+        batcher={"mode": "batch", "max_batch_size": 8, "batch_timeout_s": 0, "max_concurrent_batches": 1},
     )
     bad = handle.generate_batch.remote(["a", "__simulated_raise__", "c"], max_tokens=1)
     await asyncio.sleep(0.1)  # the bad batch is in the engine; what follows queues for the next batch
@@ -306,6 +305,17 @@ async def test_engine_raising_mid_batch_fails_only_that_batch_without_isolation(
     assert all(r["error"] and "raise marker" in r["error"] for r in rows)  # the whole batch failed...
     assert [(await c)["text"] for c in later] == [f"[simulated] later {i}" for i in range(5)]  # ...and only it
     assert (await handle.stats.remote())["batcher"]["total_failed"] == 3
+
+
+async def test_engine_raising_for_one_request_fails_only_it_in_continuous_mode(serve_instance, deploy):
+    handle = deploy("continuous-raise", simulated={"step_s": 0.01})
+    prompts = [f"fine {i}" for i in range(8)]
+    prompts[3] = "__simulated_raise__ here"
+    rows = await handle.generate_batch.remote(prompts, max_tokens=4)
+    assert [r["error"] is None for r in rows] == [i != 3 for i in range(8)]
+    assert "raise marker" in rows[3]["error"] and rows[0]["text"] == "[simulated] fine 0 fine 0"
+    stats = (await handle.stats.remote())["batcher"]
+    assert stats["total_failed"] == 1 and stats["in_flight_cost"] == 0
 
 
 async def test_dead_engine_makes_serve_replace_the_replica(serve_instance, deploy):
@@ -368,8 +378,8 @@ async def test_scaling_down_under_load_drains_and_drops_nothing(serve_instance, 
     args = merge(
         SIMULATED_DEFAULTS,
         {
-            "simulated": {"batch_overhead_s": 0.2},
-            "batcher": {"max_batch_size": 8, "batch_timeout_s": 0.01},
+            "simulated": {"step_s": 0.2},
+            "batcher": {"max_inflight": 8},
             "autoscaling": {"min_replicas": 2, "max_replicas": 2},
             "graceful_shutdown_timeout_s": 30,
         },
@@ -411,7 +421,7 @@ async def test_deleting_the_app_under_load_answers_every_admitted_request(serve_
 
     args = merge(
         SIMULATED_DEFAULTS,
-        {"simulated": {"batch_overhead_s": 0.25}, "batcher": {"max_batch_size": 8}, "graceful_shutdown_timeout_s": 30},
+        {"simulated": {"step_s": 0.25}, "batcher": {"max_inflight": 8}, "graceful_shutdown_timeout_s": 30},
     )
     apps.append("sunset")
     handle = serve.run(build_app(args), name="sunset", route_prefix="/sunset")
@@ -439,23 +449,34 @@ async def test_deleting_the_app_under_load_answers_every_admitted_request(serve_
 # -- Client cancellation --------------------------------------------------------------------------------
 
 
-async def test_disconnected_and_cancelled_callers_free_the_batcher_and_abort_the_engine(serve_instance, deploy):
-    handle = deploy(
-        "cancel",
-        simulated={"batch_overhead_s": 1.5},
-        batcher={"max_batch_size": 8, "batch_timeout_s": 0, "max_concurrent_batches": 1},  # 5 queued: no full batch
-    )
+MODES = {
+    # one request in the engine at a time, the rest queued in the batcher
+    "continuous": {"simulated": {"step_s": 1.5}, "batcher": {"max_inflight": 1}},
+    "batch": {  # 5 queued: no full batch
+        "simulated": {"batch_overhead_s": 1.5, "padded": True},
+        "batcher": {"mode": "batch", "max_batch_size": 8, "batch_timeout_s": 0, "max_concurrent_batches": 1},
+    },
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_disconnected_and_cancelled_callers_free_the_batcher_and_abort_the_engine(serve_instance, deploy, mode):
+    handle = deploy(f"cancel-{mode}", **MODES[mode])
     base = await handle.stats.remote()
-    async with httpx.AsyncClient(base_url=serve_instance + "/cancel", timeout=60) as client:
+    async with httpx.AsyncClient(base_url=serve_instance + f"/cancel-{mode}", timeout=60) as client:
         running = asyncio.create_task(client.post("/generate", json={"prompts": ["in the engine"]}))
         await wait_for(batcher_is(handle, "in_flight", lambda n: n == 1), 30, "a request in the engine")
         waiting = [asyncio.create_task(client.post("/generate", json={"prompts": [f"queued {i}"]})) for i in range(3)]
         refs = [handle.generate.remote(f"handle queued {i}") for i in range(2)]
         await wait_for(batcher_is(handle, "queue_depth", lambda n: n == 5), 30, "five queued requests")
-        for task in [running, *waiting]:  # HTTP clients hang up
+        # The queued callers go first (HTTP clients hang up, handle callers cancel): had the running one gone
+        # first, its freed place would admit a queued request before that one's own cancellation arrived.
+        for task in waiting:
             task.cancel()
-        for ref in refs:  # handle callers cancel
+        for ref in refs:
             ref.cancel()
+        await wait_for(batcher_is(handle, "queue_depth", lambda n: n == 0), 30, "the queued requests to leave")
+        running.cancel()
         await asyncio.gather(running, *waiting, return_exceptions=True)
 
         async def settled() -> dict[str, Any] | None:
@@ -474,7 +495,7 @@ async def test_disconnected_and_cancelled_callers_free_the_batcher_and_abort_the
         assert after["engine_stats"]["requests"] - base["engine_stats"]["requests"] == 1
         fresh = await client.post("/generate", json={"prompts": ["next"], "max_tokens": 1})
     assert fresh.status_code == 200
-    FIGURES["client cancellation"] = {
+    FIGURES[f"client cancellation ({mode})"] = {
         "http_disconnects": 4,
         "handle_cancels": 2,
         "queued_freed": 5,
