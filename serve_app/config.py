@@ -106,6 +106,9 @@ class VLLMSettings(_Strict):
     enforce_eager: bool | None = Field(None, description="default: True on CPU, False on GPU")
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     cpu_kvcache_space_gb: int = Field(2, ge=1, description="VLLM_CPU_KVCACHE_SPACE on CPU-only hosts")
+    cpu_threads: Literal["auto"] | int = Field(
+        "auto", description="CPU-only hosts: the engine's compute threads (OMP_NUM_THREADS); auto: every usable core"
+    )
     max_num_seqs: int | None = Field(None, ge=1)
     engine_args: dict[str, Any] = Field(default_factory=dict)
 
