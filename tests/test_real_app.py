@@ -3,6 +3,7 @@ HTTP and a DeploymentHandle ask for the capital of France (slow: a couple of min
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -116,3 +117,40 @@ def test_readme_deployment_handle_example_runs_as_written(served_app):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Paris" in result.stdout
+
+
+def test_openai_client_streams_the_same_answer_it_gives_whole(served_app):
+    openai = pytest.importorskip("openai")
+    url, _ = served_app
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    whole = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=24)
+    stream = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=FRANCE,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in whole.choices[0].message.content
+    assert text == whole.choices[0].message.content  # greedy: the deltas add up to the same answer
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1  # it streamed
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+@pytest.mark.parametrize("backend", ["openai", "openai-chat"])
+def test_vllm_bench_serve_completes_every_request(served_app, backend, tmp_path):
+    """vLLM's own benchmark client (``vllm bench serve``: always streaming, stream_options, content parts,
+    ignore_eos, logprobs null) against the app as `serve run serve_config.yaml` starts it."""
+    from benchmarks.serving import measure_one
+    from serve_app.models import prepare
+
+    url, _ = served_app
+    status, metrics = measure_one(
+        url, backend, prepare(), tmp_path, prompts=8, rate=math.inf, slo_ms=None, timeout_s=300
+    )
+    assert status == "ok", status
+    assert metrics["completed"] == 8 and metrics["failed"] == 0
+    assert metrics["streamed"] == 1.0  # every answer came token by token, not in one block
+    assert metrics["mean_output_len"] > 20  # ignore_eos honoured: full random-length outputs

@@ -1,0 +1,503 @@
+"""OpenAI-compatible servers side by side, measured with vLLM's own benchmark client (``vllm bench serve``).
+
+Peers, each started in turn as its own subprocess (one engine on the CPU at a time), all on the bundled model
+(SmolLM2-135M-Instruct), dtype float32, max_model_len 2048, enforce_eager, VLLM_CPU_KVCACHE_SPACE=2, one replica:
+
+  vllm           vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
+  app            this project: ``serve run`` on serve_config.yaml, with only the HTTP port, one replica
+                 (``min_replicas = max_replicas = 1``) and the dtype above changed
+  ray-serve-llm  Ray Serve LLM: ``build_openai_app`` over one ``LLMConfig`` on CPU
+
+The client (``vllm.benchmarks.serve``, run in a fresh subprocess per measurement so no state leaks) sends the
+random dataset (about 96 prompt tokens, 6-121 output tokens around 64, ``ignore_eos``, greedy) to
+``/v1/completions`` (backend ``openai``) and ``/v1/chat/completions`` (``openai-chat``). It always streams.
+Two workloads:
+
+  burst     every prompt at once (``--request-rate inf``)
+  overload  Poisson arrivals at 2x the request throughput the vllm peer sustained in the burst, with goodput at
+            a TTFT objective (``--goodput ttft:<ms>``): requests a server refuses (503) count as failed
+
+A peer's start-up is not measured: the client starts after the peer answers its health check, and sends one
+test request first. A peer that does not deploy, or a client run that fails, is recorded as such per row.
+
+    python -m benchmarks.serving [--quick] [--peers vllm app ray-serve-llm] [--backends openai openai-chat]
+                                 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MODEL_NAME = "SmolLM2-135M-Instruct"
+DTYPE = "float32"
+MAX_MODEL_LEN = 2048
+PEERS = ("vllm", "app", "ray-serve-llm")
+BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+INPUT_LEN, OUTPUT_LEN = 96, 64
+RANGE_RATIO = {"input": 0.25, "output": 0.9}  # prompts 72-120 tokens, outputs 6-121 tokens: genuinely mixed
+SLO_TTFT_MS = 8000.0
+OVERLOAD_FACTOR = 2.0
+READY_MARKER = "RAY_SERVE_LLM_READY"
+METRICS = (
+    "completed",
+    "failed",
+    "output_tok_s",
+    "request_rps",
+    "mean_output_len",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "e2el_mean_ms",
+    "e2el_p99_ms",
+    "goodput_rps",
+    "good",
+    "streamed",
+)
+
+
+def env() -> dict[str, str]:
+    """The environment of every peer and client: no hub, the same KV cache, no usage reporting."""
+    out = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "RAY_USAGE_STATS_ENABLED": "0"}
+    out.pop("RAY_ADDRESS", None)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_status(url: str, timeout: float = 5.0) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+def tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def last_error(text: str) -> str:
+    """The most telling line of a log tail: the last one that names an error, else the last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.search(r"(Error|Exception|error:|failed|Traceback)", line):
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+# --- the peers ------------------------------------------------------------------------------------------------
+
+
+def app_config(port: int, dest: Path) -> Path:
+    """serve_config.yaml with only the HTTP port moved, one replica and the shared dtype."""
+    import yaml
+
+    text = re.sub(r"port: 8000", f"port: {port}", (ROOT / "serve_config.yaml").read_text(), count=1)
+    config = yaml.safe_load(text)
+    args = config["applications"][0]["args"]
+    if "autoscaling" in args:
+        args["autoscaling"] = {**args["autoscaling"], "min_replicas": 1, "max_replicas": 1}
+    if args.get("engine", "vllm") == "vllm":
+        args["vllm"] = {**(args.get("vllm") or {}), "dtype": DTYPE}
+    dest.write_text(yaml.safe_dump(config, sort_keys=False))
+    return dest
+
+
+def peer_command(peer: str, folder: Path, port: int, workdir: Path) -> list[str]:
+    if peer == "vllm":
+        return [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(folder),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            DTYPE,
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--enforce-eager",
+        ]
+    if peer == "app":
+        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml"))]
+    if peer == "ray-serve-llm":
+        return [sys.executable, "-m", "benchmarks.serving", "--ray-serve-llm", str(port), "--model-dir", str(folder)]
+    raise ValueError(f"unknown peer {peer!r}")
+
+
+def is_ready(peer: str, url: str, log: Path) -> bool:
+    if peer == "ray-serve-llm":  # serve.run returned (the LLM replica is up) and the proxy routes
+        return READY_MARKER in tail(log, 20_000) and http_status(f"{url}/v1/models") == 200
+    paths = ("/health",) if peer == "vllm" else ("/health", "/healthz")
+    return any(http_status(f"{url}{path}") == 200 for path in paths)
+
+
+@contextmanager
+def running(peer: str, folder: Path, workdir: Path, startup_timeout_s: float) -> Iterator[tuple[str, float]]:
+    """Start a peer in its own process group; yield (base url, start-up seconds); stop it and its leftovers.
+    Raises RuntimeError (with the log's tail) if it exits or is not ready in time."""
+    port = free_port()
+    log_path = workdir / f"{peer}.log"
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    peer_env = {**env(), "RAY_TMPDIR": ray_tmp}
+    if peer == "app":
+        peer_env["RAY_ADDRESS"] = "local"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            peer_command(peer, folder, port, workdir),
+            cwd=ROOT,
+            env=peer_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    try:
+        while not is_ready(peer, url, log_path):
+            if proc.poll() is not None:
+                raise RuntimeError(f"exited with {proc.returncode}: {last_error(tail(log_path))}")
+            if time.monotonic() - started > startup_timeout_s:
+                raise RuntimeError(f"not ready in {startup_timeout_s:.0f} s: {last_error(tail(log_path))}")
+            time.sleep(2)
+        yield url, time.monotonic() - started
+    finally:
+        stop(proc, ray_tmp)
+
+
+def stop(proc: subprocess.Popen, ray_tmp: str) -> None:
+    """SIGINT to the process group (what Ctrl-C does), then SIGKILL; then whatever names the private Ray dir."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=90)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    subprocess.run(["pkill", "-9", "-f", ray_tmp], check=False)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def serve_ray_llm(port: int, folder: str) -> None:
+    """Ray Serve LLM's OpenAI app on CPU, in this process's own Ray cluster, until SIGINT."""
+    import ray
+    from ray import serve
+    from ray.serve.llm import LLMConfig, build_openai_app
+
+    config = LLMConfig(
+        model_loading_config={"model_id": MODEL_NAME, "model_source": folder},
+        accelerator_config={"kind": "cpu"},
+        engine_kwargs={"dtype": DTYPE, "max_model_len": MAX_MODEL_LEN, "enforce_eager": True},
+        deployment_config={"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
+        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}},
+    )
+    # Its ingress and LLM replicas each want logical CPUs; they are only bookkeeping on this 2-core machine.
+    ray.init(address="local", num_cpus=8, include_dashboard=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_openai_app({"llm_configs": [config]}), name="llm", route_prefix="/")
+    print(READY_MARKER, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+        ray.shutdown()
+
+
+# --- the client -----------------------------------------------------------------------------------------------
+
+
+def client_argv(url: str, backend: str, folder: Path, prompts: int, rate: float, slo_ms: float | None) -> list[str]:
+    argv = [
+        "--backend",
+        backend,
+        "--base-url",
+        url,
+        "--endpoint",
+        BACKENDS[backend],
+        "--model",
+        MODEL_NAME,
+        "--served-model-name",
+        MODEL_NAME,
+        "--tokenizer",
+        str(folder),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(INPUT_LEN),
+        "--random-output-len",
+        str(OUTPUT_LEN),
+        "--random-range-ratio",
+        json.dumps(RANGE_RATIO),
+        "--num-prompts",
+        str(prompts),
+        "--request-rate",
+        "inf" if math.isinf(rate) else f"{rate:.4f}",
+        "--seed",
+        "0",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--ready-check-timeout-sec",
+        "120",  # one test request first (0.32 skips it by default); the run stops if it fails
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--disable-tqdm",
+        "--save-result",
+        "--save-detailed",
+    ]
+    if slo_ms is not None:
+        argv += ["--goodput", f"ttft:{slo_ms:g}"]
+    return argv
+
+
+def run_client(argv: list[str], result: Path) -> None:
+    """vLLM's ``vllm bench serve``, from Python (its CLI entry point fails on the CPU build)."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([*argv, "--result-dir", str(result.parent), "--result-filename", result.name])
+    bench_main(args)  # synchronous: asyncio.run(main_async(args)); saves the JSON
+
+
+def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+    """The client's JSON (saved with --save-detailed) as this benchmark's row fields."""
+    completed = int(raw.get("completed") or 0)
+    goodput = raw.get("request_goodput")
+    ok = [i for i, e in enumerate(raw.get("errors") or []) if not e]
+    lens = raw.get("output_lens") or []
+    itls = raw.get("itls") or []
+    multi = [i for i in ok if i < len(lens) and lens[i] > 1]
+    errors = sorted({last_error(e) for e in raw.get("errors") or [] if e})
+    return {
+        "completed": completed,
+        "failed": int(raw.get("failed") or 0),
+        "output_tok_s": float(raw.get("output_throughput") or 0.0),
+        "request_rps": float(raw.get("request_throughput") or 0.0),
+        "mean_output_len": (raw.get("total_output_tokens") or 0) / completed if completed else math.nan,
+        "ttft_p50_ms": raw.get("p50_ttft_ms", math.nan),
+        "ttft_p99_ms": raw.get("p99_ttft_ms", math.nan),
+        "tpot_p50_ms": raw.get("p50_tpot_ms", math.nan),
+        "tpot_p99_ms": raw.get("p99_tpot_ms", math.nan),
+        "e2el_mean_ms": raw.get("mean_e2el_ms", math.nan),
+        "e2el_p99_ms": raw.get("p99_e2el_ms", math.nan),
+        "goodput_rps": float(goodput) if goodput is not None else math.nan,
+        "good": round(float(goodput) * float(raw["duration"])) if goodput is not None else math.nan,
+        # Fraction of multi-token answers that arrived in more than one chunk: 0 means the server did not
+        # stream (then TTFT is the whole latency).
+        "streamed": sum(1 for i in multi if i < len(itls) and itls[i]) / len(multi) if multi else math.nan,
+        "errors": errors[:5],
+    }
+
+
+def measure_one(url: str, backend: str, folder: Path, workdir: Path, prompts: int, rate: float, slo_ms, timeout_s):
+    """One client run in its own subprocess; returns (status, metrics)."""
+    result = workdir / f"client-{time.monotonic_ns()}.json"
+    log = workdir / f"{result.stem}.log"
+    argv = client_argv(url, backend, folder, prompts, rate, slo_ms)
+    with log.open("w") as out:
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "benchmarks.serving", "--client", json.dumps([*argv, str(result)])],
+                cwd=ROOT,
+                env=env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+            )
+            returncode = proc.returncode
+        except subprocess.TimeoutExpired:
+            return f"client timed out after {timeout_s} s", {}
+    if returncode != 0 or not result.exists():
+        return f"client failed: {last_error(tail(log))}", {}
+    metrics = summarize(json.loads(result.read_text()))
+    status = "ok" if metrics["failed"] == 0 else f"{metrics['failed']} failed: {'; '.join(metrics['errors'])[:300]}"
+    return status, metrics
+
+
+def blank(peer: str, backend: str, workload: str, status: str, **extra: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"peer": peer, "backend": backend, "workload": workload, "status": status, **extra}
+    for key in METRICS:
+        row.setdefault(key, math.nan)
+    row.setdefault("errors", [])
+    return row
+
+
+def measure(
+    quick: bool,
+    peers: tuple[str, ...] = PEERS,
+    backends: tuple[str, ...] = tuple(BACKENDS),
+    slo_ms: float = SLO_TTFT_MS,
+    overload_rps: float | None = None,
+) -> dict[str, Any]:
+    """Every peer in turn (vllm first: its burst throughput sets the overload rate); a dict with ``rows`` (one
+    per peer x backend x workload) and the ``config`` used. Never raises for a peer that fails."""
+    from serve_app.models import prepare
+
+    folder = Path(prepare())
+    burst_n, overload_n = (16, 24) if quick else (64, 112)
+    timeout_s = 600 if quick else 1800
+    order = sorted(peers, key=lambda p: p != "vllm")
+    rows: list[dict[str, Any]] = []
+    rates: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="serving-bench-") as tmp:
+        for peer in order:
+            workdir = Path(tmp) / peer
+            workdir.mkdir()
+            print(f"[serving] starting {peer}", file=sys.stderr, flush=True)
+            try:
+                with running(peer, folder, workdir, 900 if peer != "vllm" else 600) as (url, startup_s):
+                    print(f"[serving] {peer} ready in {startup_s:.0f} s", file=sys.stderr, flush=True)
+                    for backend in backends:
+                        status, metrics = measure_one(url, backend, folder, workdir, burst_n, math.inf, None, timeout_s)
+                        rows.append(blank(peer, backend, "burst", status, startup_s=startup_s, **metrics))
+                        print(f"[serving] {peer} {backend} burst: {status}", file=sys.stderr, flush=True)
+                        if backend not in rates and metrics.get("request_rps", 0) > 0:
+                            # The first peer measured sets it: vllm when it is in the run.
+                            rates[backend] = overload_rps or OVERLOAD_FACTOR * metrics["request_rps"]
+                        rate = rates.get(backend, overload_rps)
+                        if not rate:
+                            rows.append(blank(peer, backend, "overload", "skipped: no sustained rate measured"))
+                            continue
+                        status, metrics = measure_one(
+                            url, backend, folder, workdir, overload_n, rate, slo_ms, timeout_s
+                        )
+                        rows.append(
+                            blank(peer, backend, "overload", status, startup_s=startup_s, rate_rps=rate, **metrics)
+                        )
+                        print(f"[serving] {peer} {backend} overload: {status}", file=sys.stderr, flush=True)
+            except RuntimeError as exc:
+                status = f"did not deploy: {exc}"
+                print(f"[serving] {peer} {status}", file=sys.stderr, flush=True)
+                done = {(r["backend"], r["workload"]) for r in rows if r["peer"] == peer}
+                for backend in backends:
+                    for workload in ("burst", "overload"):
+                        if (backend, workload) not in done:
+                            rows.append(blank(peer, backend, workload, status))
+    for row in rows:  # ratios to the vllm peer on the same backend and workload
+        ref = next(
+            (
+                r
+                for r in rows
+                if r["peer"] == "vllm" and (r["backend"], r["workload"]) == (row["backend"], row["workload"])
+            ),
+            None,
+        )
+        ok = ref is not None and ref["completed"] > 0  # False for a blank (NaN) reference row
+        row["tput_vs_vllm"] = row["output_tok_s"] / ref["output_tok_s"] if ok and ref["output_tok_s"] else math.nan
+        row["ttft_vs_vllm"] = row["ttft_p50_ms"] / ref["ttft_p50_ms"] if ok and ref["ttft_p50_ms"] else math.nan
+    return {
+        "config": {
+            "model": MODEL_NAME,
+            "dtype": DTYPE,
+            "max_model_len": MAX_MODEL_LEN,
+            "input_len": INPUT_LEN,
+            "output_len": OUTPUT_LEN,
+            "range_ratio": RANGE_RATIO,
+            "burst_prompts": burst_n,
+            "overload_prompts": overload_n,
+            "overload_factor": OVERLOAD_FACTOR,
+            "overload_rps": rates,
+            "slo_ttft_ms": slo_ms,
+            "cores": os.cpu_count(),
+        },
+        "rows": rows,
+    }
+
+
+def fmt(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, int | float) else str(value)
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    head = (
+        f"{'peer':<14} {'backend':<12} {'workload':<9} {'done':>5} {'fail':>4} {'tok/s':>7} {'TTFT p50':>9} "
+        f"{'p99 s':>6} {'TPOT p50':>9} {'p99 ms':>7} {'E2E mean':>9} {'p99 s':>6} {'good/s':>6} {'x vllm':>6}"
+    )
+    print(head)
+    for r in rows:
+        print(
+            f"{r['peer']:<14} {r['backend']:<12} {r['workload']:<9} {fmt(r['completed'], '5.0f')} "
+            f"{fmt(r['failed'], '4.0f')} {fmt(r['output_tok_s'], '7.1f')} {fmt(r['ttft_p50_ms'] / 1000, '9.2f')} "
+            f"{fmt(r['ttft_p99_ms'] / 1000, '6.2f')} {fmt(r['tpot_p50_ms'], '9.1f')} {fmt(r['tpot_p99_ms'], '7.1f')} "
+            f"{fmt(r['e2el_mean_ms'] / 1000, '9.2f')} {fmt(r['e2el_p99_ms'] / 1000, '6.2f')} "
+            f"{fmt(r['goodput_rps'], '6.2f')} {fmt(r['tput_vs_vllm'], '6.2f')}"
+        )
+        if r["status"] != "ok":
+            print(f"    {r['status'][:400]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer prompts: a smoke run")
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    parser.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
+    parser.add_argument("--slo-ttft-ms", type=float, default=SLO_TTFT_MS, help="goodput objective of the overload")
+    parser.add_argument("--overload-rps", type=float, help="fixed overload arrival rate (default: 2x vllm's burst)")
+    parser.add_argument("--json")
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # JSON list: client argv + result path
+    parser.add_argument("--ray-serve-llm", type=int, help=argparse.SUPPRESS)  # the port
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.client:
+        *client, result = json.loads(args.client)
+        run_client(client, Path(result))
+        return 0
+    if args.ray_serve_llm:
+        serve_ray_llm(args.ray_serve_llm, args.model_dir)
+        return 0
+    print(
+        f"TTFT objective for goodput: {args.slo_ttft_ms / 1000:g} s; overload at {OVERLOAD_FACTOR:g}x vllm's burst "
+        "request throughput",
+        flush=True,
+    )
+    out = measure(args.quick, tuple(args.peers), tuple(args.backends), args.slo_ttft_ms, args.overload_rps)
+    print(json.dumps(out["config"]))
+    print_rows(out["rows"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
