@@ -2,11 +2,14 @@
 
 Names (Ray adds its ``ray_`` prefix on export):
 
-- ``token_batcher_batch_size`` (histogram): records per batch sent to the engine
-- ``token_batcher_batch_tokens`` (histogram): token cost (prompt + max_tokens) per batch
+- ``token_batcher_batch_size`` (histogram): records per batch sent to the engine (1 per admission in
+  continuous mode)
+- ``token_batcher_batch_tokens`` (histogram): token cost (prompt + max_tokens) per batch or admission
 - ``token_batcher_queue_wait_seconds`` (histogram): time from validation to the engine, per request
 - ``token_batcher_queue_depth`` (gauge): prompts waiting in the replica's batcher
-- ``token_batcher_utilization`` (gauge): fraction of time the engine had a batch
+- ``token_batcher_utilization`` (gauge): fraction of time the engine had work
+- ``token_batcher_inflight_tokens`` (gauge): token cost inside the engine (continuous mode)
+- ``token_batcher_budget_occupancy`` (gauge): in-flight tokens / the in-flight budget (continuous mode)
 - ``token_batcher_rejected_total`` (counter): prompts refused with 503 because the queue was full
 """
 
@@ -38,8 +41,15 @@ class ReplicaMetrics:
         self.utilization = metrics.Gauge(
             "token_batcher_utilization", "Fraction of time the engine had a batch.", ("model",)
         )
+        self.inflight_tokens = metrics.Gauge(
+            "token_batcher_inflight_tokens", "Token cost inside the engine.", ("model",)
+        )
+        self.occupancy = metrics.Gauge(
+            "token_batcher_budget_occupancy", "In-flight tokens over the in-flight budget.", ("model",)
+        )
         self.rejected = metrics.Counter("token_batcher_rejected_total", "Prompts refused (queue full).", ("model",))
-        for metric in (self.batch_size, self.batch_tokens, self.queue_wait, self.queue_depth, self.utilization):
+        gauges = (self.queue_depth, self.utilization, self.inflight_tokens, self.occupancy)
+        for metric in (self.batch_size, self.batch_tokens, self.queue_wait, *gauges):
             metric.set_default_tags({"model": model})  # a fresh dict each: Ray adds its own tags to it
         self.rejected.set_default_tags({"model": model})
 
@@ -54,3 +64,5 @@ class ReplicaMetrics:
         """Refresh the gauges from a batcher snapshot."""
         self.queue_depth.set(stats.queue_depth)
         self.utilization.set(stats.utilization)
+        self.inflight_tokens.set(stats.in_flight_cost)
+        self.occupancy.set(stats.budget_occupancy)
