@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -204,9 +205,17 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
             tokens before long ones peak, so more fit. Needs each record's ``growth`` (tokens it may add
             while running: ``growth_estimator(record)`` or ``record.estimate_growth()``; 0 otherwise) and
             its progress (``progress_fn(output)`` -> tokens added so far; default: outputs yielded).
+        max_queue_wait_s: shed load early: the ``*_nowait`` forms raise :class:`~batching.QueueFullError`
+            when the records would have to wait longer than this for admission, estimated from what is queued
+            ahead and the rate at which cost and records have been leaving the engine over the last
+            ``RATE_WINDOW_S`` (no estimate, and no refusal, before anything has finished). A request that
+            would miss its latency objective anyway is better refused at once (503 + Retry-After) than
+            queued, where it also delays the ones behind it. ``None`` (default): only the queue size bounds.
         default_cost: the cost of a record with no other estimate.
         latency_samples: how many recent per-record latencies the percentiles in ``stats`` cover.
     """
+
+    RATE_WINDOW_S = 10.0
 
     _cost_methods: tuple[str, ...] = ("estimate_tokens", "estimate_cost")
 
@@ -224,6 +233,7 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
         peak_estimate: bool = False,
         growth_estimator: CostEstimatorFn[RecordT] | None = None,
         progress_fn: Callable[[ResultT], int] | None = None,
+        max_queue_wait_s: float | None = None,
         default_cost: int = 1,
         latency_samples: int = 10_000,
     ) -> None:
@@ -236,6 +246,13 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
             raise ValueError(f"order must be 'fifo' or 'length_aware', got {order!r}")
         if isinstance(max_wait_s, bool) or not isinstance(max_wait_s, (int, float)) or not max_wait_s >= 0:
             raise ValueError(f"max_wait_s must be a number >= 0, got {max_wait_s!r}")
+        if max_queue_wait_s is not None and (
+            isinstance(max_queue_wait_s, bool)
+            or not isinstance(max_queue_wait_s, (int, float))
+            or max_queue_wait_s <= 0
+        ):
+            raise ValueError(f"max_queue_wait_s must be a number > 0 or None, got {max_queue_wait_s!r}")
+        self._max_queue_wait = max_queue_wait_s
         self._process_fn = process_fn
         self._cost_estimator = cost_estimator
         self._growth_estimator = growth_estimator
@@ -259,6 +276,8 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drained: asyncio.Future | None = None
         self._clock = time.monotonic
+        self._submitted = 0
+        self._leaving: deque[tuple[float, int]] = deque()  # (when, cost) of records that left the engine
 
     # -- Public API ----------------------------------------------------------------------------------
 
@@ -281,7 +300,7 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
     def stats(self) -> BatchStats:
         """A fresh :class:`BatchStats` snapshot. Each admitted record counts as a batch of one."""
         return self._stats.snapshot(
-            len(self._queue), self._queued_cost, len(self._running), self._inflight_cost, self._budget
+            len(self._queue), self._queued_cost, len(self._running), self._inflight_cost, self._budget, self._submitted
         )
 
     async def start(self) -> None:
@@ -438,12 +457,40 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
                 f"queue full: {len(self._queue)} of max_queue_size={self._max_queue_size} records waiting, "
                 f"{len(tickets)} more asked for"
             )
+        wait = self._expected_wait(tickets)
+        if wait > (self._max_queue_wait or math.inf):
+            for ticket in tickets:
+                self._end(ticket, BatcherStoppedError("not queued"), count=False)
+            raise QueueFullError(
+                f"overloaded: about {wait:.1f} s of waiting for admission expected, "
+                f"over max_queue_wait_s={self._max_queue_wait:g}"
+            )
         for ticket in tickets:
             self._push(ticket)
         self._pump()
         return [ticket.sink for ticket in tickets]
 
+    def _expected_wait(self, tickets: list[_Ticket]) -> float:
+        """Seconds until ``tickets`` would be admitted behind the queue, from the recent leaving rate."""
+        if self._max_queue_wait is None or not self._running:
+            return 0.0
+        leaving = self._leaving
+        horizon = self._clock() - self.RATE_WINDOW_S
+        while leaving and leaving[0][0] < horizon:
+            leaving.popleft()
+        cost_over = self._queued_cost + sum(t.cost for t in tickets) - (self._budget - self._inflight_cost)
+        count_over = len(self._queue) + len(tickets) - (self._max_inflight - len(self._running))
+        if cost_over <= 0 and count_over <= 0:
+            return 0.0
+        if not leaving:
+            return 0.0  # nothing has finished lately: no basis for an estimate
+        span = max(self._clock() - leaving[0][0], 1e-3)
+        cost_rate = sum(cost for _, cost in leaving) / span
+        count_rate = len(leaving) / span
+        return max(cost_over / cost_rate if cost_rate > 0 else 0.0, count_over / count_rate)
+
     def _push(self, ticket: _Ticket) -> None:
+        self._submitted += 1
         ticket.enqueued_at = self._clock()
         self._queue.append(ticket)
         self._queued_cost += ticket.cost
@@ -501,6 +548,8 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
         ticket.state = _DONE
         self._running.discard(ticket)
         self._inflight_cost -= ticket.cost
+        if self._max_queue_wait is not None:
+            self._leaving.append((self._clock(), ticket.cost))
         self._stats.released(self._inflight_cost / self._budget)
         self._pump()
 
@@ -570,7 +619,9 @@ class ContinuousBatcher(Generic[RecordT, ResultT]):
             self._queued_cost -= ticket.cost
             ticket.state = _DONE
             self._stats.cancelled += 1
-            self._end(ticket, error or asyncio.CancelledError(), count=False)
+            # As when withdrawn while running: a stream's other readers get an error, not a CancelledError
+            # that would end their own tasks as if they had been cancelled.
+            self._end(ticket, error or BatcherStoppedError("withdrawn by its caller"), count=False)
             self._admission.grant()
             self._pump()
         elif ticket.state == _ADMITTED:

@@ -177,7 +177,13 @@ class StatsRecorder:
         self.first_outputs.append(seconds)
 
     def snapshot(
-        self, queue_depth: int, queued_cost: int, in_flight: int, in_flight_cost: int = 0, budget: int = 0
+        self,
+        queue_depth: int,
+        queued_cost: int,
+        in_flight: int,
+        in_flight_cost: int = 0,
+        budget: int = 0,
+        submitted: int | None = None,
     ) -> BatchStats:
         """Build a :class:`BatchStats` from the counters and the batcher's current queue state."""
         now = time.monotonic()
@@ -192,7 +198,9 @@ class StatsRecorder:
         if self._stopped_at is None:
             area += self._occupancy * (now - self._occupancy_since)
         return BatchStats(
-            total_submitted=self.completed + self.cancelled + queue_depth + in_flight,
+            total_submitted=submitted
+            if submitted is not None
+            else self.completed + self.cancelled + queue_depth + in_flight,
             total_completed=self.completed,
             total_batches=batches,
             total_batch_cost=self.batch_cost,

@@ -210,7 +210,9 @@ def serving(quick: bool) -> str:
         )
         + f"\n\n**Overload**: {cfg['overload_prompts']} requests, Poisson arrivals at {cfg['overload_factor']:g}x "
         f"the vllm peer's burst request throughput ({rates}); goodput = requests per second that completed with "
-        f"TTFT under {cfg['slo_ttft_ms'] / 1000:g} s (a refused request, e.g. 503, is not good).\n\n"
+        f"TTFT under {cfg['slo_ttft_ms'] / 1000:g} s and time per output token under {cfg['slo_tpot_ms']:g} ms "
+        "(a refused request, e.g. 503, is not good). app-slo is the app with "
+        f"`batcher: {cfg['slo_app']}`: admission keeps the engine's share, and sheds what would wait too long.\n\n"
         + table(
             overload,
             [

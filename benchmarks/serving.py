@@ -6,6 +6,9 @@ Peers, each started in turn as its own subprocess (one engine on the CPU at a ti
   vllm           vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
   app            this project: ``serve run`` on serve_config.yaml, with only the HTTP port, one replica
                  (``min_replicas = max_replicas = 1``) and the dtype above changed
+  app-slo        the same app configured for a latency objective: at most ``SLO_INFLIGHT`` requests inside
+                 the engine (what keeps this CPU's time per output token near the objective) and
+                 ``max_queue_wait_s``: a request expected to wait longer for admission is refused at once (503)
   ray-serve-llm  Ray Serve LLM: ``build_openai_app`` over one ``LLMConfig`` on CPU
 
 The client (``vllm.benchmarks.serve``, run in a fresh subprocess per measurement so no state leaks) sends the
@@ -15,7 +18,9 @@ Two workloads:
 
   burst     every prompt at once (``--request-rate inf``)
   overload  Poisson arrivals at 2x the request throughput the vllm peer sustained in the burst, with goodput at
-            a TTFT objective (``--goodput ttft:<ms>``): requests a server refuses (503) count as failed
+            a latency objective (``--goodput ttft:<ms> tpot:<ms>``): requests per second that completed with
+            both a time to first token and a time per output token within it; a refused request (503) counts
+            as failed
 
 A peer's start-up is not measured: the client starts after the peer answers its health check, and sends one
 test request first. A peer that does not deploy, or a client run that fails, is recorded as such per row.
@@ -50,11 +55,13 @@ BIN = Path(sys.executable).parent
 MODEL_NAME = "SmolLM2-135M-Instruct"
 DTYPE = "float32"
 MAX_MODEL_LEN = 2048
-PEERS = ("vllm", "app", "ray-serve-llm")
+PEERS = ("vllm", "app", "app-slo", "ray-serve-llm")
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 INPUT_LEN, OUTPUT_LEN = 96, 64
 RANGE_RATIO = {"input": 0.25, "output": 0.9}  # prompts 72-120 tokens, outputs 6-121 tokens: genuinely mixed
 SLO_TTFT_MS = 8000.0
+SLO_TPOT_MS = 400.0
+SLO_INFLIGHT, SLO_QUEUE_WAIT_S = 32, 4.0  # app-slo's batcher: engine share and admission wait
 OVERLOAD_FACTOR = 2.0
 READY_MARKER = "RAY_SERVE_LLM_READY"
 METRICS = (
@@ -117,8 +124,8 @@ def last_error(text: str) -> str:
 # --- the peers ------------------------------------------------------------------------------------------------
 
 
-def app_config(port: int, dest: Path) -> Path:
-    """serve_config.yaml with only the HTTP port moved, one replica and the shared dtype."""
+def app_config(port: int, dest: Path, batcher: dict[str, Any] | None = None) -> Path:
+    """serve_config.yaml with only the HTTP port moved, one replica, the shared dtype (and ``batcher`` knobs)."""
     import yaml
 
     text = re.sub(r"port: 8000", f"port: {port}", (ROOT / "serve_config.yaml").read_text(), count=1)
@@ -128,6 +135,8 @@ def app_config(port: int, dest: Path) -> Path:
         args["autoscaling"] = {**args["autoscaling"], "min_replicas": 1, "max_replicas": 1}
     if args.get("engine", "vllm") == "vllm":
         args["vllm"] = {**(args.get("vllm") or {}), "dtype": DTYPE}
+    if batcher:
+        args["batcher"] = {**(args.get("batcher") or {}), **batcher}
     dest.write_text(yaml.safe_dump(config, sort_keys=False))
     return dest
 
@@ -154,6 +163,9 @@ def peer_command(peer: str, folder: Path, port: int, workdir: Path) -> list[str]
         ]
     if peer == "app":
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml"))]
+    if peer == "app-slo":
+        knobs = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S}
+        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", knobs))]
     if peer == "ray-serve-llm":
         return [sys.executable, "-m", "benchmarks.serving", "--ray-serve-llm", str(port), "--model-dir", str(folder)]
     raise ValueError(f"unknown peer {peer!r}")
@@ -174,7 +186,7 @@ def running(peer: str, folder: Path, workdir: Path, startup_timeout_s: float) ->
     log_path = workdir / f"{peer}.log"
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     peer_env = {**env(), "RAY_TMPDIR": ray_tmp}
-    if peer == "app":
+    if peer.startswith("app"):
         peer_env["RAY_ADDRESS"] = "local"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -284,7 +296,7 @@ def client_argv(url: str, backend: str, folder: Path, prompts: int, rate: float,
         "--save-detailed",
     ]
     if slo_ms is not None:
-        argv += ["--goodput", f"ttft:{slo_ms:g}"]
+        argv += ["--goodput", f"ttft:{slo_ms:g}", f"tpot:{SLO_TPOT_MS:g}"]
     return argv
 
 
@@ -439,6 +451,8 @@ def measure(
             "overload_factor": OVERLOAD_FACTOR,
             "overload_rps": rates,
             "slo_ttft_ms": slo_ms,
+            "slo_tpot_ms": SLO_TPOT_MS,
+            "slo_app": {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S},
             "cores": os.cpu_count(),
         },
         "rows": rows,

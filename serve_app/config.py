@@ -45,6 +45,9 @@ class BatcherSettings(_Strict):
     order: Literal["fifo", "length_aware"] = "fifo"
     max_wait_s: float = Field(2.0, ge=0.0, description="length_aware: a request waiting this long goes next")
     peak_estimate: bool = Field(False, description="admit on LightLLM's peak KV estimate instead of final sizes")
+    max_queue_wait_s: float | None = Field(
+        None, gt=0, description="503 at once for a request expected to wait longer than this for admission"
+    )
     # batch mode
     target_batch_tokens: int = Field(
         32_768, ge=1, description="token budget of a batch: prompt tokens + max_tokens of each request"
@@ -86,6 +89,7 @@ class BatcherSettings(_Strict):
             "order": self.order,
             "max_wait_s": self.max_wait_s,
             "peak_estimate": self.peak_estimate,
+            "max_queue_wait_s": self.max_queue_wait_s,
         }
 
     @model_validator(mode="after")

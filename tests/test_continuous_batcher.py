@@ -889,3 +889,29 @@ async def test_a_stream_withdrawn_by_another_task_ends_its_reader_with_batcher_s
             reader.result()
     assert engine.started == (["blocker"] if where == "queued" else ["s"])
     assert batcher.stats.total_cancelled == 1
+
+
+async def test_max_queue_wait_sheds_what_would_wait_too_long_and_serves_the_rest():
+    async def fake_slow_engine(record: int) -> int:
+        await asyncio.sleep(0.05)  # one record at a time: about 20 records leave per second
+        return record
+
+    async with ContinuousBatcher(fake_slow_engine, max_inflight=1, max_queue_wait_s=0.2) as batcher:
+        first = [batcher.submit_nowait(i) for i in range(3)]  # nothing has finished: no estimate, no refusal
+        await asyncio.gather(*first[:2])
+        accepted, refused = [], []
+        for i in range(3, 53):
+            try:
+                accepted.append(batcher.submit_nowait(i))
+            except QueueFullError as exc:
+                refused.append(str(exc))
+        assert accepted and refused  # the first few fit the objective, the rest are refused at once
+        assert all("max_queue_wait_s=0.2" in message for message in refused)
+        assert len(accepted) < 20  # roughly 0.2 s of queue at ~20 records/s, not the whole burst
+        assert await asyncio.gather(*first, *accepted) == [0, 1, 2, *range(3, 3 + len(accepted))]
+        assert batcher.stats.total_submitted == 3 + len(accepted)  # refused records were never submitted
+
+
+def test_max_queue_wait_must_be_positive():
+    with pytest.raises(ValueError, match="max_queue_wait_s"):
+        ContinuousBatcher(lambda r: r, max_queue_wait_s=0)
