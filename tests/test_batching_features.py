@@ -131,22 +131,24 @@ async def test_stats_snapshot_reports_queue_latency_and_exports_a_plain_dict():
 
 async def test_partial_batches_keep_filling_while_the_engine_is_busy():
     sizes: list[int] = []
+    engine_free = asyncio.Event()
 
     async def slow(batch):
         sizes.append(len(batch))
-        await asyncio.sleep(0.05)
+        await engine_free.wait()
         return batch
 
     async with DynamicBatcher(slow, max_batch_size=100, batch_timeout_s=0.001) as batcher:
-        futures = []
-        for i in range(60):
+        futures = [await batcher.submit(0)]
+        while not sizes:
+            await asyncio.sleep(0.001)
+        for i in range(1, 30):  # each waits past the 1 ms timeout while the engine is busy
             futures.append(await batcher.submit(i))
             await asyncio.sleep(0.002)
+        engine_free.set()
         await asyncio.gather(*futures)
-    # While one batch runs (50 ms), arrivals every 2 ms wait for the next: batches grow well past 1,
-    # where cutting at each 1 ms timeout regardless of the engine would make many tiny batches.
-    assert len(sizes) <= 6
-    assert max(sizes) >= 15
+    # Event-driven, not timed: cutting at each timeout regardless of the engine would make 29 tiny batches.
+    assert sizes == [1, 29]
 
 
 def test_heuristic_and_text_of():
