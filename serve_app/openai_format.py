@@ -83,7 +83,7 @@ class CompletionFormat:
             usage=usage(results, self.n),
         )
 
-    def chunk(self, index: int, text: str, reason: str | None = None) -> Completion:
+    def _chunk(self, index: int, text: str, reason: str | None) -> Completion:
         if index not in self._started:
             self._started.add(index)
             text = self._prefix(index) + text
@@ -93,8 +93,13 @@ class CompletionFormat:
             id=self.id, object="text_completion", created=self.created, model=self.model, choices=[choice]
         )
 
-    def final_chunk(self, index: int, result: GenerationResult) -> Completion:
-        return self.chunk(index, "", finish_reason(result))
+    def chunks(self, index: int, text: str) -> list[Completion]:
+        """A text delta of choice ``index`` (the first carries the echoed prompt)."""
+        return [self._chunk(index, text, None)]
+
+    def final_chunks(self, index: int, result: GenerationResult) -> list[Completion]:
+        """The chunk that ends choice ``index``, with its finish reason."""
+        return [self._chunk(index, "", finish_reason(result))]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> Completion:
         return Completion(

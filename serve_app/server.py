@@ -357,50 +357,36 @@ class LLMServer:
     async def http_completions(self, body: CompletionRequest) -> Response:
         """OpenAI completions; ``"stream": true`` answers with Server-Sent Events."""
         requests, echo = self._completion_requests(body)
-        fmt = CompletionFormat(self.config.model_name, body.n, echo)
-        if not body.stream:
-            results = await self._results(requests)
-            _raise_failed(results)
-            return JSONResponse(fmt.response(results).model_dump(mode="json", exclude_none=True))
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        outputs = self._run_request(requests)
-
-        async def events() -> AsyncIterator[str]:
-            async for index, output in outputs:
-                if isinstance(output, GenerationDelta):
-                    yield sse(fmt.chunk(index, output.text))
-                else:
-                    yield sse(fmt.final_chunk(index, output))
-                    results[index] = output
-
-        results: list[Any] = [None] * len(requests)
-        return self._sse(events(), lambda: fmt.usage_chunk(results) if include_usage else None)
+        return await self._openai_answer(body, requests, CompletionFormat(self.config.model_name, body.n, echo))
 
     @api.post("/v1/chat/completions")
     async def http_chat_completions(self, body: ChatCompletionRequest) -> Response:
         """OpenAI chat completions, with the model's chat template; ``"stream": true`` answers with SSE."""
         requests = self._chat_requests(body)
-        fmt = ChatFormat(self.config.model_name, body.n)
+        return await self._openai_answer(body, requests, ChatFormat(self.config.model_name, body.n))
+
+    async def _openai_answer(
+        self, body: OpenAIRequest, requests: list[GenerationRequest], fmt: CompletionFormat | ChatFormat
+    ) -> Response:
+        """One JSON body, or (``stream``) Server-Sent Events: each request's chunks as they come."""
         if not body.stream:
             results = await self._results(requests)
             _raise_failed(results)
             return JSONResponse(fmt.response(results).model_dump(mode="json", exclude_none=True))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         outputs = self._run_request(requests)
+        results: list[Any] = [None] * len(requests)
 
         async def events() -> AsyncIterator[str]:
             async for index, output in outputs:
-                chunks = (
-                    fmt.chunks(index, output.text)
-                    if isinstance(output, GenerationDelta)
-                    else fmt.final_chunks(index, output)
-                )
+                if isinstance(output, GenerationDelta):
+                    chunks = fmt.chunks(index, output.text)
+                else:
+                    chunks = fmt.final_chunks(index, output)
+                    results[index] = output
                 for chunk in chunks:
                     yield sse(chunk)
-                if isinstance(output, GenerationResult):
-                    results[index] = output
 
-        results: list[Any] = [None] * len(requests)
         return self._sse(events(), lambda: fmt.usage_chunk(results) if include_usage else None)
 
     @staticmethod
