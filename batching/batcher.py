@@ -89,6 +89,8 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         default_cost: the cost of a record with no other estimate.
         max_concurrent_batches: batches allowed inside ``process_fn`` at once (engines with their own
             continuous batching, such as vLLM's AsyncLLM, profit from more than one).
+        padded: the budget counts a batch as a padded engine computes it, batch size x its largest cost
+            (encoders, plain ``generate`` calls: every record is padded to the longest), not the sum.
         length_aware: cut each batch from records of similar cost within the first ``lookahead`` queued
             records (always including the oldest), to cut padding; the default is strict FIFO.
         lookahead: the look-ahead window of ``length_aware``; default ``16 * max_batch_size`` (wider windows
@@ -115,6 +117,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         max_concurrent_batches: int = 1,
         length_aware: bool = False,
         lookahead: int | None = None,
+        padded: bool = False,
         isolate_failures: bool = False,
         latency_samples: int = 10_000,
     ) -> None:
@@ -141,6 +144,7 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
         self._concurrency = _positive_int("max_concurrent_batches", max_concurrent_batches)
         self._lookahead = _positive_int("lookahead", lookahead) if lookahead is not None else 16 * self._max_batch_size
         self._length_aware = bool(length_aware)
+        self._padded = bool(padded)
         self._isolate = bool(isolate_failures)
         self._stats = StatsRecorder(_positive_int("latency_samples", latency_samples))
 
@@ -410,9 +414,11 @@ class DynamicBatcher(Generic[RecordT, ResultT]):
 
     def _cut_batch(self) -> list[Entry]:
         if self._length_aware:
-            batch, cost = take_length_aware(self._queue, self._target, self._max_batch_size, self._lookahead)
+            batch, cost = take_length_aware(
+                self._queue, self._target, self._max_batch_size, self._lookahead, self._padded
+            )
         else:
-            batch, cost = take_fifo(self._queue, self._target, self._max_batch_size)
+            batch, cost = take_fifo(self._queue, self._target, self._max_batch_size, self._padded)
         self._queued_cost -= cost
         self._in_flight += len(batch)
         self._admission.grant()

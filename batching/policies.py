@@ -1,8 +1,10 @@
 """How a batch is cut from the queue: strict FIFO, or length-aware over a bounded look-ahead window.
 
 Both policies are pure functions over a deque of entries (no asyncio, no clock), so they can be tested
-exhaustively. Both keep the budget a ceiling, as Hugging Face TEI's queue does: a batch's total cost never
-exceeds ``target_cost``, except a single record whose own cost exceeds it, which goes alone.
+exhaustively. Both keep the budget a ceiling, as Hugging Face TEI's queue does: a batch's cost never
+exceeds ``target_cost``, except a single record whose own cost exceeds it, which goes alone. A batch's cost
+is the sum of its records' costs, or with ``padded`` what a padded engine computes: the batch size times
+its largest cost (TEI's budget for padded models).
 
 An entry is the tuple ``(record, cost, future, enqueued_at)``: a tuple, not a class, because one is built
 per submitted record and a tuple costs a quarter of a slotted object to make.
@@ -12,32 +14,42 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["COST", "ENQUEUED_AT", "FUTURE", "RECORD", "Entry", "take_fifo", "take_length_aware"]
+__all__ = ["COST", "ENQUEUED_AT", "FUTURE", "RECORD", "Entry", "batch_cost", "take_fifo", "take_length_aware"]
 
 Entry = tuple  # (record, cost, future, enqueued_at)
 RECORD, COST, FUTURE, ENQUEUED_AT = 0, 1, 2, 3
 
 
-def take_fifo(queue: deque[Entry], target_cost: int, max_size: int) -> tuple[list[Entry], int]:
-    """Pop the longest head-of-queue run that fits the budget and size cap; return it and its cost.
+def batch_cost(count: int, total: int, largest: int, padded: bool) -> int:
+    """A batch's cost against the budget: the sum of its costs, or (``padded``) count x the largest."""
+    return count * largest if padded else total
 
-    The head is never skipped for a smaller record behind it: order is strictly first in, first out.
+
+def take_fifo(queue: deque[Entry], target_cost: int, max_size: int, padded: bool = False) -> tuple[list[Entry], int]:
+    """Pop the longest head-of-queue run that fits the budget and size cap; return it and the sum of
+    its costs. The head is never skipped for a smaller record behind it: order is strictly FIFO.
     """
     count = 0
     cost = 0
+    largest = 0
     for entry in queue:
-        if count == max_size or (count and cost + entry[COST] > target_cost):
+        grown = max(largest, entry[COST])
+        if count == max_size or (count and batch_cost(count + 1, cost + entry[COST], grown, padded) > target_cost):
             break
         count += 1
         cost += entry[COST]
-        if cost > target_cost:  # a lone oversized record: nothing may join it
+        largest = grown
+        if batch_cost(count, cost, largest, padded) > target_cost:  # a lone oversized record: nothing may join it
             break
     popleft = queue.popleft
     return [popleft() for _ in range(count)], cost
 
 
-def take_length_aware(queue: deque[Entry], target_cost: int, max_size: int, lookahead: int) -> tuple[list[Entry], int]:
-    """Pop a batch of similar-cost records from the first ``lookahead`` entries; return it and its cost.
+def take_length_aware(
+    queue: deque[Entry], target_cost: int, max_size: int, lookahead: int, padded: bool = False
+) -> tuple[list[Entry], int]:
+    """Pop a batch of similar-cost records from the first ``lookahead`` entries; return it and the sum of
+    its costs.
 
     The oldest entry (the head) is always in the batch; the rest are its nearest neighbours by cost,
     added while they fit. Anchoring on the head is the aging rule: a record at queue position ``p`` is
@@ -49,24 +61,31 @@ def take_length_aware(queue: deque[Entry], target_cost: int, max_size: int, look
     order = sorted(range(len(window)), key=lambda i: window[i][COST])  # stable: ties stay FIFO
     head_cost = window[0][COST]
     chosen = [0]
-    cost = head_cost
+    cost = largest = head_cost
     lo = order.index(0) - 1
     hi = lo + 2
+
+    def fits(extra: int | None) -> bool:
+        grown = max(largest, extra or 0)
+        return extra is not None and batch_cost(len(chosen) + 1, cost + extra, grown, padded) <= target_cost
+
     while cost <= target_cost and len(chosen) < max_size and (lo >= 0 or hi < len(order)):
         left = window[order[lo]][COST] if lo >= 0 else None
         right = window[order[hi]][COST] if hi < len(order) else None
-        left_fits = left is not None and cost + left <= target_cost
-        right_fits = right is not None and cost + right <= target_cost
+        left_fits = fits(left)
+        right_fits = fits(right)
         if not (left_fits or right_fits):
             break
         # The nearer neighbour in cost keeps the batch tight; on a tie prefer the smaller one.
         if left_fits and (not right_fits or head_cost - left <= right - head_cost):
             chosen.append(order[lo])
             cost += left
+            largest = max(largest, left)
             lo -= 1
         else:
             chosen.append(order[hi])
             cost += right
+            largest = max(largest, right)
             hi += 1
     picked = set(chosen)
     chosen.sort()  # hand the batch over in arrival order

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -126,7 +127,8 @@ class _Done:
     st.integers(1, 20),
     st.integers(1, 40),
 )
-def test_policies_respect_budget_and_order(costs, target, max_size, lookahead):
+@pytest.mark.parametrize("padded", [False, True], ids=["summed", "padded"])
+def test_policies_respect_budget_and_order(padded, costs, target, max_size, lookahead):
     for policy in ("fifo", "length_aware"):
         queue = deque((i, c, _Done(), float(i)) for i, c in enumerate(costs))
         taken: list[int] = []
@@ -135,15 +137,20 @@ def test_policies_respect_budget_and_order(costs, target, max_size, lookahead):
             rounds += 1
             head = queue[0][0]
             if policy == "fifo":
-                batch, cost = take_fifo(queue, target, max_size)
+                batch, cost = take_fifo(queue, target, max_size, padded)
             else:
-                batch, cost = take_length_aware(queue, target, max_size, lookahead)
+                batch, cost = take_length_aware(queue, target, max_size, lookahead, padded)
             ids = [e[0] for e in batch]
             assert ids and ids[0] == head  # the oldest record is always served next
             assert ids == sorted(ids)  # batches are handed over in arrival order
             assert cost == sum(e[1] for e in batch)
             assert len(batch) <= max_size
-            assert cost <= target or len(batch) == 1
+            budgeted = len(batch) * max(e[1] for e in batch) if padded else cost
+            assert budgeted <= target or len(batch) == 1
+            if policy == "fifo" and queue and len(batch) < max_size:  # FIFO stops only where the next won't fit
+                grown = [*batch, queue[0]]
+                more = len(grown) * max(e[1] for e in grown) if padded else cost + queue[0][1]
+                assert more > target
             taken.extend(ids)
             remaining = [e[0] for e in queue]
             assert remaining == sorted(remaining)  # the rest keep their order
