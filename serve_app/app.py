@@ -11,16 +11,18 @@ from typing import Any
 
 from ray.serve import Application
 
+from .autoscaling import POLICY_PATH
 from .config import AppConfig
-from .server import RETRY_AFTER_S, LLMServer
+from .http_errors import RETRY_AFTER_S
+from .server import LLMServer
 
 logger = logging.getLogger("serve_app")
 
 
-def gpus_per_replica(config: AppConfig) -> int:
+def gpus_per_replica(config: Any) -> float:
     """``auto``: one GPU per replica when the Ray cluster has GPUs, none otherwise."""
     if config.gpus_per_replica != "auto":
-        return int(config.gpus_per_replica)
+        return config.gpus_per_replica
     if config.engine == "simulated":
         return 0
     import ray
@@ -30,8 +32,9 @@ def gpus_per_replica(config: AppConfig) -> int:
     return 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
 
 
-def deployment_options(config: AppConfig) -> dict[str, Any]:
-    """The Serve deployment options the config implies (resources, autoscaling, limits)."""
+def deployment_options(config: Any) -> dict[str, Any]:
+    """The Serve deployment options a config implies (resources, autoscaling, limits): the generation
+    app's :class:`AppConfig` or the embedding app's config, which share these fields."""
     scaling = config.autoscaling
     return {
         "ray_actor_options": {"num_cpus": config.cpus_per_replica, "num_gpus": gpus_per_replica(config)},
@@ -45,12 +48,22 @@ def deployment_options(config: AppConfig) -> dict[str, Any]:
             "target_ongoing_requests": scaling.target_ongoing_requests,
             "upscale_delay_s": scaling.upscale_delay_s,
             "downscale_delay_s": scaling.downscale_delay_s,
+            "look_back_period_s": scaling.look_back_period_s,
+            "metrics_interval_s": scaling.metrics_interval_s,
+            **autoscaling_policy(scaling),
         },
         "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
         "graceful_shutdown_wait_loop_s": 0.5,
         "health_check_period_s": 5.0,
         "health_check_timeout_s": 30.0,
     }
+
+
+def autoscaling_policy(scaling: Any) -> dict[str, Any]:
+    """``metric: tokens``: the token-aware policy (:mod:`serve_app.autoscaling`); Serve's own otherwise."""
+    if scaling.metric != "tokens":
+        return {}
+    return {"policy": {"policy_function": POLICY_PATH, "policy_kwargs": {"target_tokens": scaling.target_tokens}}}
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:

@@ -3,9 +3,12 @@ app is built, so a bad value fails ``serve run`` at once with a message naming t
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from .models import BUNDLED, BUNDLED_NAME
 
@@ -13,8 +16,62 @@ AUTO_FALLBACK_TOKENS = 65_536
 """The ``auto`` in-flight budget when an engine cannot say how large its KV cache is."""
 
 
+API_KEY_ENV = "SERVE_APP_API_KEY"
+"""The environment variable holding the API key when ``api_key`` is not in the config (as vLLM's
+``VLLM_API_KEY``); read in the replica's process."""
+
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
+
+_SENDABLE_KEY = re.compile(r"[\x21-\x7e]+")
+
+
+def check_api_key(key: str, source: str) -> str:
+    """``key`` if an HTTP client can send it in ``Authorization: Bearer <key>``: visible ASCII, no spaces."""
+    if not _SENDABLE_KEY.fullmatch(key):
+        raise ValueError(f"{source}: an API key must be visible ASCII characters with no spaces")
+    return key
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerConfig(_Strict):
+    """What every HTTP app of the project shares: its door (``serve_app/door.py``), the API key and the
+    request-body limit. ``AppConfig`` and other apps' configs inherit it."""
+
+    api_key: SecretStr | None = Field(
+        None,
+        min_length=1,
+        description=f"clients must send 'Authorization: Bearer <key>' (all routes but /health, /healthz); "
+        f"default: the {API_KEY_ENV} environment variable of the replica's process, else no key. "
+        "The config wins over the variable; prefer the variable, to keep the key out of YAML",
+    )
+    max_request_body_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_BODY_BYTES,
+        ge=1024,
+        description="HTTP bodies larger than this get 413 before they are read or parsed (a JSON body costs "
+        "several times its size in memory once parsed). 16 MiB holds a full request of the default limits "
+        "several times over: 256 prompts filling a 2048-token context are about 2 MiB as text, 3-4 MiB as "
+        "token ids or \\u-escaped non-ASCII text, and one prompt of max_prompt_chars (200 000) at most 1.2 MB. "
+        "It does not hold 256 prompts of max_prompt_chars each (50+ MB): raise it with the context length, or "
+        "send such batches through the DeploymentHandle or Ray Data, which it does not limit",
+    )
+
+    @field_validator("api_key")
+    @classmethod
+    def _sendable(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            check_api_key(value.get_secret_value(), "api_key")
+        return value
+
+    def effective_api_key(self, environ: Mapping[str, str] | None = None) -> SecretStr | None:
+        """The key clients must send: ``api_key`` if set, else the ``SERVE_APP_API_KEY`` environment variable
+        (read now: call it in the replica), else None (no key). An empty variable counts as unset."""
+        if self.api_key is not None:
+            return self.api_key
+        value = (os.environ if environ is None else environ).get(API_KEY_ENV, "")
+        return SecretStr(check_api_key(value, API_KEY_ENV)) if value else None
 
 
 class SamplingDefaults(_Strict):
@@ -148,13 +205,27 @@ class SimulatedSettings(_Strict):
 
 
 class AutoscalingSettings(_Strict):
-    """Replica autoscaling on ongoing requests (Ray Serve's ``autoscaling_config``)."""
+    """Replica autoscaling (Ray Serve's ``autoscaling_config``).
+
+    ``metric: requests`` (default) is Serve's own policy: replicas = ongoing requests / ``target_ongoing_requests``.
+    ``metric: tokens`` is :class:`serve_app.autoscaling.TokenAutoscalingPolicy`: replicas = the token cost the
+    replicas hold (queued + in flight, prompt + max_tokens each) / ``target_tokens``; ``target_tokens`` left
+    out is each replica's in-flight token budget (its engine's KV cache with ``max_inflight_tokens: auto``).
+    """
 
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(2, ge=1)
-    target_ongoing_requests: float = Field(32, gt=0)
-    upscale_delay_s: float = Field(5.0, ge=0)
-    downscale_delay_s: float = Field(60.0, ge=0)
+    metric: Literal["requests", "tokens"] = Field("requests", description="what a replica's load is measured in")
+    target_ongoing_requests: float = Field(32, gt=0, description="metric requests: ongoing requests per replica")
+    target_tokens: int | None = Field(
+        None, ge=1, description="metric tokens: token cost held per replica; default: its in-flight token budget"
+    )
+    upscale_delay_s: float = Field(5.0, ge=0, description="how long the load must call for more replicas")
+    downscale_delay_s: float = Field(120.0, ge=0, description="how long the load must call for fewer replicas")
+    look_back_period_s: float = Field(10.0, gt=0, description="the window Serve averages the load over (Serve: 30)")
+    metrics_interval_s: float = Field(
+        2.0, gt=0, description="how often replicas and callers report their load (Serve: 10; deprecated but live)"
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> AutoscalingSettings:
@@ -163,15 +234,25 @@ class AutoscalingSettings(_Strict):
                 f"autoscaling.min_replicas ({self.min_replicas}) must be <= "
                 f"autoscaling.max_replicas ({self.max_replicas})"
             )
+        if self.target_tokens is not None and self.metric != "tokens":
+            raise ValueError("autoscaling.target_tokens applies only with autoscaling.metric: tokens")
+        if self.look_back_period_s <= self.metrics_interval_s:
+            raise ValueError(
+                f"autoscaling.look_back_period_s ({self.look_back_period_s}) must be > "
+                f"autoscaling.metrics_interval_s ({self.metrics_interval_s}): the window needs several reports"
+            )
         return self
 
 
-class AppConfig(_Strict):
+class AppConfig(ServerConfig):
     """Everything the app needs; ``serve_config.yaml``'s ``args`` are this model."""
 
     engine: Literal["vllm", "simulated"] = "vllm"
     model: str = Field(BUNDLED, min_length=1, description="'bundled', a local folder or a hub model id")
     served_model_name: str | None = Field(None, description="name in OpenAI responses; default: model")
+    embeddings_app: str | None = Field(
+        None, description="the Serve app serving /v1/embeddings beside this one; /v1/models lists its model too"
+    )
     gpus_per_replica: Literal["auto"] | int = Field("auto", description="'auto': 1 when the cluster has GPUs, else 0")
     cpus_per_replica: float = Field(1.0, gt=0)
     max_prompts_per_request: int = Field(256, ge=1)

@@ -16,6 +16,13 @@ Every input row yields exactly one output row, with its input columns plus ``tex
 ``output_tokens``, ``finish_reason`` and ``error`` (None on success). Transient failures (a full replica
 queue, a replica restarting or dying) are retried with backoff; what still fails gets an error value in
 its own rows, or fails the job with ``fail_fast=True``.
+
+Embedding a corpus works the same way through the embedding app (``ServeEmbed``), or in-process
+(``InProcessEmbed``): each row gains ``embedding`` (a list of floats; null where it failed), ``tokens``
+and ``error``, and ``write_parquet`` stores the vectors as a list column::
+
+    out = embed(ray.data.read_parquet("docs/"), app="embeddings", text_column="text")
+    out.write_parquet("vectors/")
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import logging
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -35,6 +42,9 @@ logger = logging.getLogger(__name__)
 
 OUTPUT_COLUMNS = ("text", "prompt_tokens", "output_tokens", "finish_reason", "error")
 DEFAULT_BATCH_SIZE = 8
+EMBED_BATCH_SIZE = 64
+"""Rows per embedding request: texts are cheap and many, so bigger requests save per-call overhead while
+the replica's batcher still cuts its own batches by length across all requests."""
 
 
 class RowFailedError(RuntimeError):
@@ -68,11 +78,15 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(cause, transient) or isinstance(exc, transient)
 
 
-def _rows_out(batch: dict[str, np.ndarray], results: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
+def _rows_out(batch: dict[str, np.ndarray], results: Sequence[dict[str, Any]], columns: dict[str, Any]):
+    """The input columns plus ``columns`` (name -> numpy dtype) taken from each row's result."""
     out = dict(batch)
-    for column in OUTPUT_COLUMNS:
-        values = [r.get(column) for r in results]
-        out[column] = np.array(values, dtype=object if column in ("text", "finish_reason", "error") else np.int64)
+    for column, dtype in columns.items():
+        values = np.empty(len(results), dtype=object) if dtype is object else None
+        if values is not None:
+            for i, result in enumerate(results):  # element-wise: vectors must stay one object per row
+                values[i] = result.get(column)
+        out[column] = values if values is not None else np.array([r.get(column) for r in results], dtype=dtype)
     return out
 
 
@@ -80,25 +94,30 @@ def _error_row(message: str) -> dict[str, Any]:
     return {"text": "", "prompt_tokens": 0, "output_tokens": 0, "finish_reason": "error", "error": message}
 
 
-class ServeGenerate:
-    """``map_batches`` callable class: each batch goes to the Serve app as one ``generate_batch`` request.
+class _ServeRows:
+    """``map_batches`` callable class: each batch's input column goes to a handle method of the Serve app as
+    one request, which answers one dict per row (``error`` set in a row that failed alone).
 
     Args:
         app: the Serve application name (``serve_config.yaml``'s ``name``).
         deployment: the deployment in it.
-        prompt_column: the column holding prompt text.
-        sampling: sampling fields for every row (``max_tokens``, ``temperature``, ...).
+        column: the column holding each row's input text.
+        options: keyword arguments for every call (sampling fields, ``truncate_prompt_tokens``, ...).
         max_retries: retries of a transient failure, with exponential backoff from ``backoff_s``.
         fail_fast: raise on the first failed row instead of writing an error value into it.
         timeout_s: the longest one request may take (then it counts as a transient failure).
     """
 
+    method: ClassVar[str]
+    columns: ClassVar[dict[str, Any]]
+    """The output columns and their numpy dtypes (``object`` for text and vectors)."""
+
     def __init__(
         self,
-        app: str = "llm",
-        deployment: str = "LLMServer",
-        prompt_column: str = "prompt",
-        sampling: dict[str, Any] | None = None,
+        app: str,
+        deployment: str,
+        column: str,
+        options: dict[str, Any] | None = None,
         max_retries: int = 6,
         backoff_s: float = 0.5,
         fail_fast: bool = False,
@@ -106,45 +125,92 @@ class ServeGenerate:
     ) -> None:
         from ray import serve
 
-        self.handle = serve.get_deployment_handle(deployment, app_name=app)
-        self.prompt_column = prompt_column
-        self.sampling = dict(sampling or {})
+        self.call = getattr(serve.get_deployment_handle(deployment, app_name=app), self.method)
+        self.column = column
+        self.options = dict(options or {})
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.fail_fast = fail_fast
         self.timeout_s = timeout_s
 
+    def error_row(self, message: str) -> dict[str, Any]:
+        """The result of a row that failed (its output columns empty, ``error`` set)."""
+        raise NotImplementedError
+
     async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.prompt_column not in batch:
-            raise KeyError(f"no column '{self.prompt_column}' in the dataset (columns: {sorted(batch)})")
-        prompts = [str(p) if p is not None else "" for p in batch[self.prompt_column]]
-        results = await self._generate(prompts)
+        if self.column not in batch:
+            raise KeyError(f"no column '{self.column}' in the dataset (columns: {sorted(batch)})")
+        values = [str(p) if p is not None else "" for p in batch[self.column]]
+        results = await self._results(values)
         if self.fail_fast:
             for result in results:
                 if result["error"] is not None:
                     raise RowFailedError(result["error"])
-        return _rows_out(batch, results)
+        return _rows_out(batch, results, self.columns)
 
-    async def _generate(self, prompts: list[str]) -> list[dict[str, Any]]:
-        """Results for ``prompts``: retried while transient; split when one bad prompt spoils a request."""
+    async def _results(self, values: list[str]) -> list[dict[str, Any]]:
+        """One result per value: retried while transient; split when one bad value spoils a request."""
         for attempt in range(self.max_retries + 1):
             try:
-                call = self.handle.generate_batch.remote(prompts, **self.sampling)
-                return await asyncio.wait_for(call, timeout=self.timeout_s)
+                return await asyncio.wait_for(self.call.remote(values, **self.options), timeout=self.timeout_s)
             except ValueError as exc:  # bad input: keep the error to the rows that cause it
-                if len(prompts) == 1:
-                    return [_error_row(f"invalid: {getattr(exc, 'cause', exc)}")]
-                middle = len(prompts) // 2
-                return await self._generate(prompts[:middle]) + await self._generate(prompts[middle:])
+                if len(values) == 1:
+                    return [self.error_row(f"invalid: {getattr(exc, 'cause', exc)}")]
+                middle = len(values) // 2
+                return await self._results(values[:middle]) + await self._results(values[middle:])
             except Exception as exc:
                 if not _transient(exc) or attempt == self.max_retries:
                     message = f"{type(getattr(exc, 'cause', exc)).__name__}: {getattr(exc, 'cause', exc)}"
-                    logger.warning("giving up on %d rows after %d attempts: %s", len(prompts), attempt + 1, message)
-                    return [_error_row(message) for _ in prompts]
+                    logger.warning("giving up on %d rows after %d attempts: %s", len(values), attempt + 1, message)
+                    return [self.error_row(message) for _ in values]
                 delay = self.backoff_s * 2**attempt * (0.5 + random.random())
                 logger.info("transient failure (%s); retry %d in %.1f s", type(exc).__name__, attempt + 1, delay)
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+class ServeGenerate(_ServeRows):
+    """Each batch's prompts go to the generation app as one ``generate_batch`` request; see
+    :class:`_ServeRows` for the arguments (``prompt_column`` and ``sampling`` name two of them here)."""
+
+    method: ClassVar[str] = "generate_batch"
+    columns: ClassVar[dict[str, Any]] = {
+        c: object if c in ("text", "finish_reason", "error") else np.int64 for c in OUTPUT_COLUMNS
+    }
+
+    def __init__(
+        self,
+        app: str = "llm",
+        deployment: str = "LLMServer",
+        prompt_column: str = "prompt",
+        sampling: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, deployment, prompt_column, sampling, **options)
+
+    def error_row(self, message: str) -> dict[str, Any]:
+        return _error_row(message)
+
+
+class ServeEmbed(_ServeRows):
+    """Each batch's texts go to the embedding app as one ``embed_batch`` request; rows gain ``embedding``
+    (null where the row failed), ``tokens`` and ``error``. See :class:`_ServeRows` for the arguments."""
+
+    method: ClassVar[str] = "embed_batch"
+    columns: ClassVar[dict[str, Any]] = {"embedding": object, "tokens": np.int64, "error": object}
+
+    def __init__(
+        self,
+        app: str = "embeddings",
+        deployment: str = "EmbeddingServer",
+        text_column: str = "text",
+        truncate_prompt_tokens: int | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, deployment, text_column, {"truncate_prompt_tokens": truncate_prompt_tokens}, **options)
+
+    def error_row(self, message: str) -> dict[str, Any]:
+        return {"embedding": None, "tokens": 0, "error": message}
 
 
 def app_capacity(app: str = "llm", deployment: str = "LLMServer") -> int:
@@ -187,21 +253,50 @@ def generate(
     max_retries: int = 6,
     **sampling: Any,
 ) -> Any:
-    """Stream ``ds`` through the Serve app; see the module docstring. Returns a lazy Dataset."""
-    concurrency = concurrency or app_capacity(app, deployment)
+    """Stream ``ds`` through the generation app; see the module docstring. Returns a lazy Dataset."""
+    kwargs = {"app": app, "deployment": deployment, "prompt_column": prompt_column, "sampling": sampling}
+    return _through_app(ds, ServeGenerate, kwargs, concurrency, batch_size, actors, fail_fast, max_retries)
+
+
+def embed(
+    ds: Any,
+    *,
+    app: str = "embeddings",
+    deployment: str = "EmbeddingServer",
+    text_column: str = "text",
+    concurrency: int | None = None,
+    batch_size: int = EMBED_BATCH_SIZE,
+    actors: int | None = None,
+    fail_fast: bool = False,
+    max_retries: int = 6,
+    truncate_prompt_tokens: int | None = None,
+) -> Any:
+    """Stream ``ds`` through the embedding app: each row gains ``embedding``, ``tokens`` and ``error``.
+    Returns a lazy Dataset; see the module docstring."""
+    kwargs = {"app": app, "deployment": deployment, "text_column": text_column}
+    kwargs["truncate_prompt_tokens"] = truncate_prompt_tokens
+    return _through_app(ds, ServeEmbed, kwargs, concurrency, batch_size, actors, fail_fast, max_retries)
+
+
+def _through_app(
+    ds: Any,
+    fn: type[_ServeRows],
+    kwargs: dict[str, Any],
+    concurrency: int | None,
+    batch_size: int,
+    actors: int | None,
+    fail_fast: bool,
+    max_retries: int,
+) -> Any:
+    concurrency = concurrency or app_capacity(kwargs["app"], kwargs["deployment"])
     if concurrency < 1 or batch_size < 1:
         raise ValueError(f"concurrency ({concurrency}) and batch_size ({batch_size}) must be >= 1")
-    logger.info("streaming through app %r: %d requests of %d rows in flight at most", app, concurrency, batch_size)
+    logger.info(
+        "streaming through app %r: %d requests of %d rows in flight at most", kwargs["app"], concurrency, batch_size
+    )
     return ds.map_batches(
-        ServeGenerate,
-        fn_constructor_kwargs={
-            "app": app,
-            "deployment": deployment,
-            "prompt_column": prompt_column,
-            "sampling": sampling,
-            "fail_fast": fail_fast,
-            "max_retries": max_retries,
-        },
+        fn,
+        fn_constructor_kwargs={**kwargs, "fail_fast": fail_fast, "max_retries": max_retries},
         batch_size=batch_size,
         batch_format="numpy",
         compute=actor_pool(concurrency, actors),
@@ -257,4 +352,30 @@ class InProcessGenerate:
                     else outcome.to_dict()
                 )
             rows.append(result)
-        return _rows_out(batch, rows)
+        return _rows_out(batch, rows, ServeGenerate.columns)
+
+
+class InProcessEmbed:
+    """``map_batches`` callable class for embedding jobs without a Serve app: each Ray actor owns one encoder
+    and one batcher (:class:`~serve_app.embeddings.embedder.Embedder`), shared by its concurrent batches;
+    rows gain ``embedding``, ``tokens`` and ``error`` as with :class:`ServeEmbed`.
+
+        ds.map_batches(InProcessEmbed, fn_constructor_kwargs={"config": {...}, "text_column": "text"},
+                       batch_size=256, compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=4))
+    """
+
+    def __init__(
+        self, config: dict[str, Any] | None = None, text_column: str = "text", truncate_prompt_tokens: int | None = None
+    ) -> None:
+        from .embeddings.config import EmbeddingConfig
+        from .embeddings.embedder import Embedder
+
+        self.embedder = Embedder(EmbeddingConfig.model_validate(config or {}))
+        self.text_column = text_column
+        self.truncate = truncate_prompt_tokens
+
+    async def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.embedder.batcher.is_running:
+            await self.embedder.start()  # on the actor's event loop, at the first batch
+        texts = [str(t) if t is not None else "" for t in batch[self.text_column]]
+        return _rows_out(batch, await self.embedder.rows(texts, self.truncate), ServeEmbed.columns)

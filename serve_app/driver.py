@@ -2,10 +2,13 @@
 
     python -m serve_app.driver --input data/problems.jsonl --output out/ [--app llm] [--concurrency N]
         [--prompt-column prompt] [--id-column id] [--limit K] [--format jsonl|parquet] [--max-tokens 64]
+    python -m serve_app.driver --task embed --input docs.parquet --output vectors/ --format parquet
+        [--text-column text] [--app embeddings]
 
 Reads JSONL, JSON, Parquet or CSV; writes one output row per input row (JSONL or Parquet) into the output
-folder; Ray Data shows progress; ends with a summary: rows, errors, output tokens/s, wall time, accuracy
-(when the input has an ``answer`` column) and the replicas' batch statistics.
+folder; Ray Data shows progress; ends with a summary: rows, errors, wall time, the replicas' batch
+statistics, and for generation output tokens/s and accuracy (when the input has an ``answer`` column), for
+embeddings texts/s, tokens and the vectors' dimensions.
 """
 
 from __future__ import annotations
@@ -80,8 +83,9 @@ def first_number(text: str) -> int | None:
     return int(match.group()) if match else None
 
 
-def summarize(output: str, fmt: str, has_answer: bool) -> dict[str, Any]:
-    """Rows, errors, output tokens and (with answers) accuracy, read back from the written output."""
+def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate") -> dict[str, Any]:
+    """Rows, errors, tokens (output tokens, or embedded tokens), accuracy (with answers) and the vectors'
+    dimensions (embeddings), read back from the written output."""
     import ray.data
 
     if fmt == "parquet":
@@ -91,43 +95,52 @@ def summarize(output: str, fmt: str, has_answer: bool) -> dict[str, Any]:
     rows = errors = tokens = correct = 0
     ids: set[Any] = set()
     duplicates = 0
+    dimensions: set[int] = set()
     for batch in ds.iter_batches(batch_format="pandas", batch_size=4096):
         rows += len(batch)
         errors += int(batch["error"].notna().sum())
-        tokens += int(batch["output_tokens"].sum())
+        tokens += int(batch["output_tokens" if task == "generate" else "tokens"].sum())
+        if task == "embed":
+            dimensions.update(len(v) for v in batch["embedding"] if v is not None)
         if "id" in batch:
             for row_id in batch["id"].tolist():
                 duplicates += row_id in ids
                 ids.add(row_id)
         if has_answer:
             correct += sum(first_number(str(t)) == a for t, a in zip(batch["text"], batch["answer"]))
-    return {"rows": rows, "errors": errors, "output_tokens": tokens, "correct": correct, "duplicate_ids": duplicates}
+    return {
+        "rows": rows,
+        "errors": errors,
+        "tokens": tokens,
+        "correct": correct,
+        "duplicate_ids": duplicates,
+        "dimensions": sorted(dimensions),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Stream the input through the app, write the output, and return the summary."""
-    from .data import generate
+    from .data import embed, generate
 
+    embedding = args.task == "embed"
+    app = args.app or ("embeddings" if embedding else "llm")
+    deployment = args.deployment or ("EmbeddingServer" if embedding else "LLMServer")
+    column, column_flag = (args.text_column, "--text-column") if embedding else (args.prompt_column, "--prompt-column")
     ds = read(args.input)
     columns = ds.columns()
-    for name, flag in ((args.prompt_column, "--prompt-column"), (args.id_column, "--id-column")):
+    for name, flag in ((column, column_flag), (args.id_column, "--id-column")):
         if name not in columns:
             raise ValueError(f"the input has no column '{name}' (columns: {columns}); name it with {flag}")
     if args.limit:
         ds = ds.limit(args.limit)
     rows_in = ds.count()
-    before = replica_stats(args.app, args.deployment)
-    sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-    out = generate(
-        ds,
-        app=args.app,
-        deployment=args.deployment,
-        prompt_column=args.prompt_column,
-        concurrency=args.concurrency,
-        batch_size=args.batch_size,
-        fail_fast=args.fail_fast,
-        **sampling,
-    )
+    before = replica_stats(app, deployment)
+    common = {"app": app, "deployment": deployment, "concurrency": args.concurrency, "fail_fast": args.fail_fast}
+    if embedding:
+        out = embed(ds, text_column=column, batch_size=args.batch_size or 64, **common)
+    else:
+        sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
+        out = generate(ds, prompt_column=column, batch_size=args.batch_size or 8, **common, **sampling)
     if args.id_column != "id":
         out = out.rename_columns({args.id_column: "id"})
     started = time.monotonic()
@@ -137,20 +150,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         out.write_json(args.output, ray_remote_args=io)
     wall = time.monotonic() - started
-    result = summarize(args.output, args.format, "answer" in columns)
-    after = replica_stats(args.app, args.deployment)
+    result = summarize(args.output, args.format, "answer" in columns and not embedding, args.task)
+    after = replica_stats(app, deployment)
     summary = {
         "rows_in": rows_in,
         "rows_out": result["rows"],
         "errors": result["errors"],
         "duplicate_ids": result["duplicate_ids"],
-        "output_tokens": result["output_tokens"],
         "wall_s": round(wall, 2),
-        "output_tokens_per_s": round(result["output_tokens"] / wall, 1) if wall else 0.0,
-        "batching": batch_summary(before, after),
-        "output": str(args.output),
     }
-    if "answer" in columns:
+    if embedding:
+        summary["tokens"] = result["tokens"]
+        summary["texts_per_s"] = round(result["rows"] / wall, 1) if wall else 0.0
+        summary["dimensions"] = result["dimensions"]
+    else:
+        summary["output_tokens"] = result["tokens"]
+        summary["output_tokens_per_s"] = round(result["tokens"] / wall, 1) if wall else 0.0
+    summary["batching"] = batch_summary(before, after)
+    summary["output"] = str(args.output)
+    if "answer" in columns and not embedding:
         summary["accuracy"] = round(result["correct"] / max(1, result["rows"]), 3)
     return summary
 
@@ -159,11 +177,13 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m serve_app.driver", description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, help="a .jsonl, .json, .parquet or .csv file (or folder)")
     p.add_argument("--output", required=True, help="the output folder")
-    p.add_argument("--app", default="llm", help="the Serve application name")
-    p.add_argument("--deployment", default="LLMServer")
+    p.add_argument("--task", choices=["generate", "embed"], default="generate")
+    p.add_argument("--app", default=None, help="the Serve application name (default: llm, or embeddings)")
+    p.add_argument("--deployment", default=None, help="default: LLMServer, or EmbeddingServer")
     p.add_argument("--concurrency", type=int, default=None, help="requests in flight (default: what the app absorbs)")
-    p.add_argument("--batch-size", type=int, default=8, help="rows per request")
+    p.add_argument("--batch-size", type=int, default=None, help="rows per request (default: 8, or 64 for embed)")
     p.add_argument("--prompt-column", default="prompt")
+    p.add_argument("--text-column", default="text", help="--task embed: the column to embed")
     p.add_argument("--id-column", default="id")
     p.add_argument("--limit", type=int, default=None, help="only the first K rows")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")

@@ -22,20 +22,19 @@ Sampling keywords: ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed`
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 
-from batching import BatcherError, BatcherStoppedError, ContinuousBatcher, QueueFullError, TokenBatcher
+from batching import BatcherError, ContinuousBatcher, QueueFullError, TokenBatcher
 
+from . import door, replica
+from .autoscaling import replica_load
 from .batchers import build_batcher
 from .config import AppConfig, BatcherSettings
 from .engines import (
@@ -46,6 +45,8 @@ from .engines import (
     GenerationResult,
     build_engine,
 )
+from .http_errors import error_response as _error
+from .http_errors import install_error_handlers
 from .metrics import ReplicaMetrics
 from .openai_format import DONE, ChatFormat, CompletionFormat, error_body, sse
 from .schemas import (
@@ -62,76 +63,27 @@ from .validation import ModelNotFoundError, RequestBuilder, RequestError, parse
 
 logger = logging.getLogger("serve_app")
 
-RETRY_AFTER_S = 1
+MODELS_TIMEOUT_S = 5.0
+"""How long ``/v1/models`` waits for the embedding app's model card."""
 
 api = FastAPI(
     title="token-batching LLM server",
     description="Token-aware admission and batching in front of vLLM, on Ray Serve.",
     version="0.2.0",
 )
+door.install(api)  # API key and body limit in front of every route; before @serve.ingress freezes the app
+
+
+install_error_handlers(api)
 
 
 class PromptFailedError(RuntimeError):
     """The engine failed one prompt of a request (the rest of its batch was unaffected)."""
 
 
-def _error(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> Response:
-    body = json.dumps(error_body(status, message, param), ensure_ascii=True)
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
-
-
-def _retry(status: int, message: str) -> Response:
-    return _error(status, message, headers={"Retry-After": str(RETRY_AFTER_S)})
-
-
-@api.exception_handler(RequestValidationError)
-async def _invalid(_: Request, exc: RequestValidationError) -> Response:
-    """422 naming each bad field, in OpenAI's envelope. FastAPI's own handler echoes the input back and fails
-    with a 500 when it cannot be encoded (bytes that are not UTF-8, lone surrogates): here it is escaped."""
-    errors = exc.errors()
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')} (got {_preview(e.get('input'))})"
-        for e in errors
-    )
-    first = errors[0].get("loc", ())[1:] if errors else ()
-    return _error(422, f"invalid request: {problems}", ".".join(str(p) for p in first) or "body")
-
-
-def _preview(value: Any, limit: int = 200) -> str:
-    """A short, always-encodable rendering of a bad input value."""
-    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else repr(value)
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-@api.exception_handler(RequestError)
-async def _bad_request(_: Request, exc: RequestError) -> Response:
-    return _error(exc.status, str(exc), exc.param)
-
-
-@api.exception_handler(QueueFullError)
-async def _overloaded(_: Request, exc: QueueFullError) -> Response:
-    return _retry(503, f"server overloaded, retry later: {exc}")
-
-
-@api.exception_handler(BatcherStoppedError)
-async def _stopping(_: Request, exc: BatcherStoppedError) -> Response:
-    return _retry(503, f"replica shutting down, retry: {exc}")
-
-
-@api.exception_handler(EngineDeadError)
-async def _engine_dead(_: Request, exc: EngineDeadError) -> Response:
-    return _retry(503, f"engine unavailable, retry: {exc}")
-
-
 @api.exception_handler(PromptFailedError)
 async def _prompt_failed(_: Request, exc: PromptFailedError) -> Response:
     return _error(500, str(exc))
-
-
-@api.exception_handler(TimeoutError)
-async def _timeout(_: Request, exc: TimeoutError) -> Response:
-    return _error(504, f"request timed out: {exc}")
 
 
 def _raise_failed(results: Sequence[GenerationResult]) -> None:
@@ -155,6 +107,7 @@ class LLMServer:
 
     async def __init__(self, config: dict[str, Any] | AppConfig) -> None:
         self.config = config if isinstance(config, AppConfig) else AppConfig.model_validate(config)
+        door.configure(api, self.config)
         started = time.monotonic()
         self.engine = build_engine(self.config)
         self.requests = RequestBuilder(self.engine, self.config)
@@ -193,7 +146,8 @@ class LLMServer:
 
     async def _export_gauges(self) -> None:
         while True:
-            self.metrics.update(self.batcher.stats)
+            self._gauged = self.batcher.stats  # also what record_autoscaling_stats reports
+            self.metrics.update(self._gauged)
             await asyncio.sleep(1.0)
 
     # -- The one path every entry point takes --------------------------------------------------------
@@ -322,14 +276,8 @@ class LLMServer:
 
     async def stats(self) -> dict[str, Any]:
         """The batcher's statistics and who this replica is."""
-        context = serve.get_replica_context()
         return {
-            "replica": {
-                "replica_id": str(context.replica_id.unique_id),
-                "app": context.app_name,
-                "deployment": context.deployment,
-                "pid": os.getpid(),
-            },
+            "replica": replica.identity(),
             "engine": self.engine.name,
             "model": self.config.model_name,
             "autoscaling": self.config.autoscaling.model_dump(),
@@ -410,17 +358,21 @@ class LLMServer:
 
     @api.get("/v1/models")
     async def http_models(self) -> dict[str, Any]:
-        """The one model this app serves, OpenAI-style, with vLLM's ``root`` and ``max_model_len``."""
-        card = {
-            "id": self.config.model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "token-batching",
-            "root": self.config.model,
-            "parent": None,
-            "max_model_len": self.engine.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
+        """The model this app serves, OpenAI-style, with vLLM's ``root`` and ``max_model_len``, and the
+        embedding app's model when one is configured beside it (``embeddings_app``)."""
+        card = replica.model_card(self.config.model_name, self.config.model, self.engine.max_model_len)
+        return {"object": "list", "data": [card, *await self._neighbour_models()]}
+
+    async def _neighbour_models(self) -> list[dict[str, Any]]:
+        """The embedding app's model card, if it is configured and answers within a few seconds."""
+        name = self.config.embeddings_app
+        if name is None:
+            return []
+        try:
+            return [await asyncio.wait_for(serve.get_app_handle(name).model_card.remote(), MODELS_TIMEOUT_S)]
+        except Exception as exc:  # listed when it is up; /v1/models must not fail because of it
+            logger.warning("the embedding app %r did not give its model: %r", name, exc)
+            return []
 
     @api.get("/stats")
     async def http_stats(self) -> dict[str, Any]:
@@ -431,13 +383,18 @@ class LLMServer:
     @api.get("/healthz")
     async def http_health(self) -> Response:
         """200 when the engine can serve, 503 otherwise (``/health`` as vLLM's server, ``/healthz`` too)."""
-        try:
-            await self.check_health()
-        except Exception as exc:
-            return _error(503, f"unhealthy: {exc}")
-        return JSONResponse({"status": "ok", "engine": self.engine.name, "model": self.config.model_name})
+        return await replica.health(self.check_health, self.engine.name, self.config.model_name)
 
     # -- Serve lifecycle -----------------------------------------------------------------------------
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics (every ``look_back_period_s / 5``): the token cost this replica
+        holds (batcher queue + engine), its in-flight token budget and its prompts, which
+        ``autoscaling.metric: tokens`` scales on (:mod:`serve_app.autoscaling`). It reads the gauges'
+        snapshot, at most 1 s old: a fresh one sorts the latency windows (about 4 ms)."""
+        stats = getattr(self, "_gauged", None) or self.batcher.stats
+        settings = self.config.batcher
+        return replica_load(stats, settings.target_batch_tokens * settings.max_concurrent_batches)
 
     async def check_health(self) -> None:
         """Serve's health check: fails when the engine is dead or the batcher stopped."""

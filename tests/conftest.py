@@ -16,6 +16,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.pop("SERVE_APP_API_KEY", None)  # a developer's key must not lock the keyless tests' replicas out
 
 
 FIGURES: dict[str, dict[str, Any]] = {}  # what the reliability tests measured, printed at the end of the run

@@ -154,3 +154,27 @@ def test_vllm_bench_serve_completes_every_request(served_app, backend, tmp_path)
     assert metrics["completed"] == 8 and metrics["failed"] == 0
     assert metrics["streamed"] == 1.0  # every answer came token by token, not in one block
     assert metrics["mean_output_len"] > 20  # ignore_eos honoured: full random-length outputs
+
+
+def test_openai_client_embeddings_from_the_same_base_url_equal_sentence_transformers(served_app):
+    """`serve run serve_config.yaml` also serves /v1/embeddings (the embedding app, mounted beside)."""
+    openai = pytest.importorskip("openai")
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from serve_app.engines.encoder import bundled_encoder_path
+
+    url, _ = served_app
+    deadline = time.monotonic() + 180  # the embedding app deploys beside vLLM's; until it is up: 404
+    while httpx.post(f"{url}/v1/embeddings", json={"input": "hi"}, timeout=60).status_code == 404:
+        assert time.monotonic() < deadline, "the embedding app never came up"
+        time.sleep(2)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    texts = ["The capital of France is Paris.", "tokens", "a batcher groups requests of similar length " * 12]
+    response = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+    expected = SentenceTransformer(str(bundled_encoder_path()), device="cpu").encode(texts)
+    got = np.array([d.embedding for d in response.data])
+    assert [d.index for d in response.data] == [0, 1, 2] and got.shape == (3, 384)
+    cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    assert cosine.min() >= 0.999, cosine
+    assert {m.id for m in client.models.list().data} == {"SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"}

