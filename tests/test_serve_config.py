@@ -52,6 +52,8 @@ def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url()
     config = EmbeddingConfig.model_validate(embeddings["args"])
     assert config.model_name == "all-MiniLM-L6-v2" and config.batcher.length_aware
     assert config.batcher.batcher_kwargs()["padded"] is True  # the budget is in padded tokens
+    assert config.batcher.batcher_kwargs("cpu")["target_batch_tokens"] == 1024
+    assert config.batcher.batcher_kwargs("cuda")["target_batch_tokens"] == 16384
     options = deployment_options(config)
     assert options["ray_actor_options"] == {"num_cpus": 0.25, "num_gpus": 0}
 

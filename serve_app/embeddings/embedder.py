@@ -36,7 +36,7 @@ class Embedder:
         self.engine = EncoderEngine(config.model, config.device, config.cpu_threads, config.dtype)
         self.inputs = EmbeddingInputs(self.engine, config)
         self.metrics = metrics
-        self.batcher = TokenBatcher(self._process, **config.batcher.batcher_kwargs())
+        self.batcher = TokenBatcher(self._process, **config.batcher.batcher_kwargs(self.engine.device))
 
     async def start(self) -> None:
         """Start the batcher on the running event loop."""
