@@ -1,7 +1,7 @@
 """``make bench``: every benchmark in one run on this machine; a Markdown table and PNG plots in
 ``benchmarks/results/``. ``--quick`` runs smaller versions (a few minutes).
 
-    python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e]
+    python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e autoscale embeddings]
 """
 
 from __future__ import annotations
@@ -286,7 +286,103 @@ def e2e(quick: bool) -> str:
     )
 
 
-BENCHES = {"overhead": overhead, "padding": padding, "simulated": simulated, "serving": serving, "e2e": e2e}
+def autoscale(quick: bool) -> str:
+    from . import autoscale as bench
+
+    return bench.run(quick)
+
+
+def embeddings(quick: bool) -> str:
+    import json
+    import math
+
+    import numpy as np
+
+    from . import embeddings as bench
+
+    out = bench.measure(quick)
+    cfg, rows = out["config"], out["rows"]
+    (RESULTS / f"embeddings{'-quick' if quick else ''}.json").write_text(json.dumps(out, indent=2))
+    scenarios = list(cfg["scenarios"])
+    peers = list(dict.fromkeys(r["peer"] for r in rows))
+    pick = lambda p, s, key: next(r[key] for r in rows if r["peer"] == p and r["scenario"] == s)  # noqa: E731
+    bar_plot(
+        RESULTS / png("embeddings", quick),
+        [f"{s} ({cfg['scenarios'][s]} per request)" for s in scenarios],
+        {p: [float(np.nan_to_num(pick(p, s, "texts_per_s"))) for s in scenarios] for p in peers},
+        "texts/s (median)",
+        f"all-MiniLM-L6-v2 on CPU, {cfg['clients']} clients: served embeddings",
+    )
+    shown = []
+    for r in rows:
+        cell = lambda key, spec: "–" if math.isnan(r[key]) else format(r[key], spec)  # noqa: E731, B023
+        shown.append(
+            {
+                "scenario": r["scenario"],
+                "peer": r["peer"],
+                "texts/s": cell("texts_per_s", ".1f"),
+                "p50": cell("p50_ms", ",.0f"),
+                "p99": cell("p99_ms", ",.0f"),
+                "waste": cell("padding_waste", ".2f"),
+                "batch": cell("avg_batch", ".1f"),
+                "cosine": cell("min_cosine", ".5f"),
+                "x": cell("x_naive", ".2f"),
+                "p50x": cell("p50_x_naive", ".2f"),
+                "others": cell("other_cpu", ".2f"),
+                "tries": r["attempts"],
+                "status": r["status"][:160],
+            }
+        )
+    lengths = cfg["token_lengths"]
+    batcher = {k: cfg["app_batcher"][k] for k in ("target_batch_tokens", "max_batch_size", "length_aware")}
+    return (
+        "### 7. Embeddings served side by side (all-MiniLM-L6-v2, CPU)\n\n"
+        f"`POST /v1/embeddings`, float32, one replica each, each peer alone on the machine ({cfg['cores']} cores) "
+        f"in turn. Corpus: {cfg['texts']} long-tailed texts (`benchmarks.padding.make_texts`; tokens p50 "
+        f"{lengths['p50']}, p90 {lengths['p90']}, p99 {lengths['p99']}, max {lengths['max']}); {cfg['clients']} "
+        "closed-loop clients, each request one text (`single`) or 16 (`list16`). Peers: **app** "
+        f"(serve_config.yaml's batcher: `{batcher}`, a padded-token budget), **app-1024** (the same, "
+        "`target_batch_tokens: 1024`), **app-fifo32** (the same app, its batcher count-32 FIFO), **naive** "
+        f"(`@serve.batch(max_batch_size={cfg['naive']['max_batch_size']}, "
+        f"batch_wait_timeout_s={cfg['naive']['batch_wait_timeout_s']})` around sentence-transformers' `encode`, "
+        "in a thread), **vllm** (vLLM's OpenAI server, `--runner pooling`: packs tokens, no padding). "
+        "`waste`: 1 - real / padded tokens of the batches the server ran; `batch`: texts per batch; `cosine`: the "
+        f"lowest cosine of {cfg['sampled_vectors']} sampled vectors against sentence-transformers' `encode` of "
+        "each text alone; `x naive`: texts/s over naive's; `others' CPU`: cores' worth of CPU that other "
+        "processes on the (shared) machine used during the run; a run during which they used more than "
+        f"{cfg['quiet_cores']} was run again after a pause, up to {cfg['retries']} times, and the least disturbed "
+        "try is shown (`tries`). Start-up and warm-up are not measured.\n\n"
+        + table(
+            shown,
+            [
+                ("scenario", "scenario", ""),
+                ("peer", "peer", ""),
+                ("texts/s", "texts/s", ""),
+                ("p50", "p50 ms", ""),
+                ("p99", "p99 ms", ""),
+                ("waste", "padding waste", ""),
+                ("batch", "batch", ""),
+                ("cosine", "min cosine", ""),
+                ("x", "x naive", ""),
+                ("p50x", "p50 x naive", ""),
+                ("others", "others' CPU", ""),
+                ("tries", "tries", ""),
+                ("status", "status", ""),
+            ],
+        )
+        + f"\n\n![embeddings]({png('embeddings', quick)})\n"
+    )
+
+
+BENCHES = {
+    "overhead": overhead,
+    "padding": padding,
+    "simulated": simulated,
+    "serving": serving,
+    "e2e": e2e,
+    "autoscale": autoscale,
+    "embeddings": embeddings,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
