@@ -294,15 +294,21 @@ def autoscale(quick: bool) -> str:
 
 def embeddings(quick: bool) -> str:
     import json
-    import math
-
-    import numpy as np
 
     from . import embeddings as bench
 
     out = bench.measure(quick)
-    cfg, rows = out["config"], out["rows"]
     (RESULTS / f"embeddings{'-quick' if quick else ''}.json").write_text(json.dumps(out, indent=2))
+    return embeddings_section(out, quick)
+
+
+def embeddings_section(out: dict[str, Any], quick: bool) -> str:
+    """The embeddings section (and its plot) from :func:`benchmarks.embeddings.measure`'s result."""
+    import math
+
+    import numpy as np
+
+    cfg, rows = out["config"], out["rows"]
     scenarios = list(cfg["scenarios"])
     peers = list(dict.fromkeys(r["peer"] for r in rows))
     pick = lambda p, s, key: next(r[key] for r in rows if r["peer"] == p and r["scenario"] == s)  # noqa: E731
@@ -341,8 +347,10 @@ def embeddings(quick: bool) -> str:
         f"in turn. Corpus: {cfg['texts']} long-tailed texts (`benchmarks.padding.make_texts`; tokens p50 "
         f"{lengths['p50']}, p90 {lengths['p90']}, p99 {lengths['p99']}, max {lengths['max']}); {cfg['clients']} "
         "closed-loop clients, each request one text (`single`) or 16 (`list16`). Peers: **app** "
-        f"(serve_config.yaml's batcher: `{batcher}`, a padded-token budget), **app-1024** (the same, "
-        "`target_batch_tokens: 1024`), **app-fifo32** (the same app, its batcher count-32 FIFO), **naive** "
+        f"(serve_config.yaml's batcher: `{batcher}`, a padded-token budget; `auto` is 1024 on a CPU), "
+        "**app-1024** (the same with `target_batch_tokens: 1024` set: the same batcher as app's `auto` on a CPU, "
+        "so the two rows also show the run-to-run spread), **app-fifo32** (the same app, its batcher count-32 "
+        "FIFO), **naive** "
         f"(`@serve.batch(max_batch_size={cfg['naive']['max_batch_size']}, "
         f"batch_wait_timeout_s={cfg['naive']['batch_wait_timeout_s']})` around sentence-transformers' `encode`, "
         "in a thread), **vllm** (vLLM's OpenAI server, `--runner pooling`: packs tokens, no padding). "
