@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from .models import BUNDLED, BUNDLED_NAME
+
+AutoOrPositive = Literal["auto"] | Annotated[int, Field(ge=1)]
+"""A size the app works out itself (``auto``) or an integer >= 1."""
 
 AUTO_FALLBACK_TOKENS = 65_536
 """The ``auto`` in-flight budget when an engine cannot say how large its KV cache is."""
@@ -95,7 +98,7 @@ class BatcherSettings(_Strict):
     mode: Literal["continuous", "batch"] = "continuous"
     max_queue_size: int = Field(4_096, ge=1, description="requests' prompts waiting before new ones get 503")
     # continuous mode
-    max_inflight_tokens: Literal["auto"] | int = Field(
+    max_inflight_tokens: AutoOrPositive = Field(
         "auto", description="token budget in flight (prompt + max_tokens each); auto: the engine's KV cache size"
     )
     max_inflight: int = Field(256, ge=1, description="most requests inside the engine at once")
@@ -114,13 +117,6 @@ class BatcherSettings(_Strict):
     max_concurrent_batches: int = Field(2, ge=1, description="batches inside the engine at once")
     length_aware: bool = False
     isolate_failures: bool = False
-
-    @field_validator("max_inflight_tokens")
-    @classmethod
-    def _positive_budget(cls, value: str | int) -> str | int:
-        if isinstance(value, int) and value < 1:
-            raise ValueError("max_inflight_tokens must be 'auto' or an integer >= 1")
-        return value
 
     def batcher_kwargs(self, kv_cache_tokens: int | None = None) -> dict[str, Any]:
         """Keyword arguments for the mode's batcher (``TokenBatcher`` or ``ContinuousBatcher``)."""

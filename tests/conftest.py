@@ -94,3 +94,27 @@ def deploy_app(serve_instance):
     for name in names:
         if name in live:  # a test may have deleted its own
             serve.delete(name)
+
+
+@pytest.fixture
+def apps(serve_instance):
+    """Names of apps to delete after the test, pass or fail: a 2-CPU cluster holds only a few replicas."""
+    from ray import serve
+
+    names: list[str] = []
+    yield names
+    live = serve.status().applications
+    for name in names:
+        if name in live:
+            serve.delete(name)
+
+
+@pytest.fixture
+def deploy(deploy_app, apps):
+    """``deploy_app`` whose apps are deleted after each test."""
+
+    def run(name: str, **args: Any) -> Any:
+        apps.append(name)
+        return deploy_app(name, **args)
+
+    return run

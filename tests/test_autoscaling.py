@@ -154,28 +154,6 @@ def test_metric_tokens_selects_the_policy_and_bad_settings_fail_naming_the_field
 # -- Under load -----------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def apps(serve_instance):
-    """Names of apps to delete after the test, pass or fail: a 2-CPU cluster holds only a few replicas."""
-    from ray import serve
-
-    names: list[str] = []
-    yield names
-    live = serve.status().applications
-    for name in names:
-        if name in live:
-            serve.delete(name)
-
-
-@pytest.fixture
-def deploy(deploy_app, apps):
-    def run(name: str, **args: Any) -> Any:
-        apps.append(name)
-        return deploy_app(name, **args)
-
-    return run
-
-
 class ReplicaTimeline:
     """Polls the app's replica count (RUNNING, and all including STARTING) every ``interval`` s."""
 

@@ -21,30 +21,6 @@ from .conftest import FIGURES
 pytestmark = [pytest.mark.serve, pytest.mark.reliability]
 
 
-@pytest.fixture
-def apps(serve_instance):
-    """Names of apps to delete after the test, pass or fail: a 2-CPU cluster holds only a few replicas."""
-    from ray import serve
-
-    names: list[str] = []
-    yield names
-    live = serve.status().applications
-    for name in names:
-        if name in live:
-            serve.delete(name)
-
-
-@pytest.fixture
-def deploy(deploy_app, apps):
-    """``deploy_app`` whose apps are deleted after each test."""
-
-    def run(name: str, **args: Any) -> Any:
-        apps.append(name)
-        return deploy_app(name, **args)
-
-    return run
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]

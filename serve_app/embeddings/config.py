@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from ..config import AutoscalingSettings, ServerConfig, _Strict
+from ..config import AutoOrPositive, AutoscalingSettings, ServerConfig, _Strict
 from ..engines.encoder import BUNDLED_ENCODER, BUNDLED_ENCODER_NAME
 
 CPU_BATCH_TOKENS = 1_024
@@ -18,7 +18,7 @@ class EmbeddingBatcherSettings(_Strict):
     """Batch mode for a padded encoder: a batch costs its size x its longest input (padded tokens), and
     length-aware cutting groups inputs of similar length so little of that is padding."""
 
-    target_batch_tokens: Literal["auto"] | int = Field(
+    target_batch_tokens: AutoOrPositive = Field(
         "auto",
         description="padded tokens per batch (batch size x longest input); auto: 1024 on a CPU (measured: the "
         "encoder's time grows with padded tokens, so small, length-sorted batches waste least), 16384 on a GPU "
@@ -29,13 +29,6 @@ class EmbeddingBatcherSettings(_Strict):
     max_concurrent_batches: int = Field(1, ge=1, description="batches inside the encoder at once")
     length_aware: bool = Field(True, description="cut batches of similar length (off: strict FIFO)")
     max_queue_size: int = Field(8_192, ge=1, description="inputs waiting before new requests get 503")
-
-    @field_validator("target_batch_tokens")
-    @classmethod
-    def _positive_budget(cls, value: str | int) -> str | int:
-        if isinstance(value, int) and value < 1:
-            raise ValueError("target_batch_tokens must be 'auto' or an integer >= 1")
-        return value
 
     def batcher_kwargs(self, device: str = "cpu") -> dict[str, Any]:
         """Keyword arguments for :class:`batching.TokenBatcher` on ``device`` (where ``auto`` resolves)."""
