@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
 
 from .config import AppConfig
 
@@ -78,16 +79,25 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(cause, transient) or isinstance(exc, transient)
 
 
-def _rows_out(batch: dict[str, np.ndarray], results: Sequence[dict[str, Any]], columns: dict[str, Any]):
-    """The input columns plus ``columns`` (name -> numpy dtype) taken from each row's result."""
-    out = dict(batch)
-    for column, dtype in columns.items():
-        values = np.empty(len(results), dtype=object) if dtype is object else None
-        if values is not None:
-            for i, result in enumerate(results):  # element-wise: vectors must stay one object per row
-                values[i] = result.get(column)
-        out[column] = values if values is not None else np.array([r.get(column) for r in results], dtype=dtype)
-    return out
+def _rows_out(batch: dict[str, np.ndarray], results: Sequence[dict[str, Any]], columns: dict[str, Any]) -> Any:
+    """A table of the input columns plus ``columns`` (name -> Arrow type) taken from each row's result.
+
+    The output columns carry their Arrow types explicitly: a batch in which no row failed has only nulls in
+    ``error``, which Arrow would otherwise type as ``null`` in that batch and ``string`` in another, and
+    Parquet files written from such batches could not be read back as one dataset."""
+    table = {name: _arrow_column(values) for name, values in batch.items()}
+    for column, arrow_type in columns.items():
+        table[column] = pa.array([r.get(column) for r in results], type=arrow_type)
+    return pa.table(table)
+
+
+def _arrow_column(values: np.ndarray) -> Any:
+    """An input column as Arrow: 1-D arrays as they are, N-D ones as Ray Data's tensor column."""
+    if values.ndim <= 1:
+        return pa.array(values)
+    from ray.data.extensions import ArrowTensorArray
+
+    return ArrowTensorArray.from_numpy(values)
 
 
 def _error_row(message: str) -> dict[str, Any]:
@@ -110,7 +120,7 @@ class _ServeRows:
 
     method: ClassVar[str]
     columns: ClassVar[dict[str, Any]]
-    """The output columns and their numpy dtypes (``object`` for text and vectors)."""
+    """The output columns and their Arrow types."""
 
     def __init__(
         self,
@@ -175,7 +185,11 @@ class ServeGenerate(_ServeRows):
 
     method: ClassVar[str] = "generate_batch"
     columns: ClassVar[dict[str, Any]] = {
-        c: object if c in ("text", "finish_reason", "error") else np.int64 for c in OUTPUT_COLUMNS
+        "text": pa.string(),
+        "prompt_tokens": pa.int64(),
+        "output_tokens": pa.int64(),
+        "finish_reason": pa.string(),
+        "error": pa.string(),
     }
 
     def __init__(
@@ -197,7 +211,11 @@ class ServeEmbed(_ServeRows):
     (null where the row failed), ``tokens`` and ``error``. See :class:`_ServeRows` for the arguments."""
 
     method: ClassVar[str] = "embed_batch"
-    columns: ClassVar[dict[str, Any]] = {"embedding": object, "tokens": np.int64, "error": object}
+    columns: ClassVar[dict[str, Any]] = {
+        "embedding": pa.list_(pa.float64()),
+        "tokens": pa.int64(),
+        "error": pa.string(),
+    }
 
     def __init__(
         self,

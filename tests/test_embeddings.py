@@ -231,6 +231,9 @@ def test_ray_data_job_embeds_every_row_once_through_the_app(served, reference, t
         rows[i]["text"] = ""  # refused by validation, in its own row only
     out = embed(ray.data.from_items(rows), app="both-embeddings", concurrency=4, batch_size=64)
     out.write_parquet(str(tmp_path))
+    files = sorted(tmp_path.glob("*.parquet"))
+    assert len(files) > 1  # several files, most without a failed row: each must still type `error` as text
+    assert {str(pq.read_schema(f).field("error").type) for f in files} == {"string"}
     table = pq.read_table(str(tmp_path)).to_pylist()
     got = sorted(table, key=lambda r: r["id"])
     assert [r["id"] for r in got] == list(range(2000))  # rows in = rows out, none duplicated
