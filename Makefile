@@ -23,8 +23,11 @@ setup: $(STAMP)
 model: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m serve_app.models prepare
 
+# serve.env: Ray Serve's throughput settings, environment variables of every Ray process serve run starts.
+SERVE_ENV := $(shell grep -E '^[A-Z_]+=' serve.env)
+
 serve: model
-	HF_HUB_OFFLINE=1 $(BIN)/serve run serve_config.yaml
+	env HF_HUB_OFFLINE=1 $(SERVE_ENV) $(BIN)/serve run serve_config.yaml
 
 test: model
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -47,8 +47,6 @@ import asyncio
 import json
 import math
 import os
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -60,7 +58,8 @@ from pathlib import Path
 from typing import Any
 
 from .padding import make_texts, model_dir
-from .serving import free_port, last_error, tail
+from .procs import own_leftovers, stop
+from .serving import free_port, last_error, serve_env, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
@@ -212,6 +211,8 @@ def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None
 
 def peer_env(peer: str, ray_tmp: str) -> dict[str, str]:
     out = {**env(), "RAY_TMPDIR": ray_tmp}
+    if not peer.startswith("vllm"):
+        out.update(serve_env())  # the Ray peers run with make serve's Ray settings
     if peer.startswith("vllm"):
         out["VLLM_CPU_KVCACHE_SPACE"] = "1"
     if peer == "vllm":
@@ -279,40 +280,7 @@ def running(
             time.sleep(2)
         yield url, time.monotonic() - started, ray_tmp
     finally:
-        stop(proc, ray_tmp)
-
-
-def own_leftovers(marker: str) -> list[int]:
-    """Processes that name ``marker`` (the peer's private Ray directory) in their command line or
-    environment: Ray's daemons and workers, which leave their driver's process group (a worker renames
-    itself ``ray::...`` but keeps the ``RAY_TMPDIR`` it inherited)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with suppress(OSError):
-                if marker.encode() in (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes():
-                    pids.append(int(entry.name))
-    return pids
-
-
-def stop(proc: subprocess.Popen, ray_tmp: str) -> None:
-    """SIGINT to the peer's process group (what Ctrl-C does), then SIGKILL; then the Ray daemons it left."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    for _ in range(10):  # Ray's own shutdown stops most of them within seconds
-        if not own_leftovers(ray_tmp):
-            break
-        time.sleep(1)
-    for pid in own_leftovers(ray_tmp):
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+        stop(proc, ray_tmp, wait_s=60)
 
 
 def cpu_times(marker: str) -> tuple[int, int]:

@@ -192,7 +192,10 @@ def serving(quick: bool) -> str:
         f"Random dataset: about {cfg['input_len']} prompt tokens, output lengths mixed around {cfg['output_len']} "
         f"(range ratios {cfg['range_ratio']}), `ignore_eos`, greedy, streamed. Backends: `openai` "
         "(/v1/completions) and `openai-chat` (/v1/chat/completions). Start-up is not measured. "
-        "`streamed`: the share of answers that arrived in more than one chunk (0: TTFT is the whole latency).\n\n"
+        "`streamed`: the share of answers that arrived in more than one chunk (0: TTFT is the whole latency). "
+        "The Ray-based peers (app, app-slo, ray-serve-llm) run with `serve.env`'s Ray Serve settings, as "
+        "`make serve` does; each peer's processes, a vLLM engine its replica left behind included, are gone "
+        "before the next starts.\n\n"
         f"**Burst**: {cfg['burst_prompts']} requests at once.\n\n"
         + table(
             burst,

@@ -36,8 +36,6 @@ import json
 import math
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -46,9 +44,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from .procs import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -87,6 +87,12 @@ def env() -> dict[str, str]:
     out = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "RAY_USAGE_STATS_ENABLED": "0"}
     out.pop("RAY_ADDRESS", None)
     return out
+
+
+def serve_env() -> dict[str, str]:
+    """The Ray Serve settings ``make serve`` runs with (``serve.env``): every Ray-based peer gets them."""
+    lines = (line.strip() for line in (ROOT / "serve.env").read_text().splitlines())
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
 def free_port() -> int:
@@ -186,6 +192,8 @@ def running(peer: str, folder: Path, workdir: Path, startup_timeout_s: float) ->
     log_path = workdir / f"{peer}.log"
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     peer_env = {**env(), "RAY_TMPDIR": ray_tmp}
+    if peer != "vllm":
+        peer_env.update(serve_env())
     if peer.startswith("app"):
         peer_env["RAY_ADDRESS"] = "local"
     with log_path.open("w") as log:
@@ -209,20 +217,6 @@ def running(peer: str, folder: Path, workdir: Path, startup_timeout_s: float) ->
         yield url, time.monotonic() - started
     finally:
         stop(proc, ray_tmp)
-
-
-def stop(proc: subprocess.Popen, ray_tmp: str) -> None:
-    """SIGINT to the process group (what Ctrl-C does), then SIGKILL; then whatever names the private Ray dir."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=90)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    subprocess.run(["pkill", "-9", "-f", ray_tmp], check=False)
-    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def serve_ray_llm(port: int, folder: str) -> None:

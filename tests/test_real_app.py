@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -16,6 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from benchmarks.procs import stop
+from benchmarks.serving import serve_env
 
 from .conftest import free_port
 
@@ -41,6 +42,7 @@ def served_app(tmp_path_factory):
     config.write_text(re.sub(r"port: 8000", f"port: {port}", text, count=1))
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": ray_tmp}
+    env.update(serve_env())  # what make serve runs with
     env.pop("RAY_ADDRESS", None)
     log = (tmp_path_factory.mktemp("log") / "serve.log").open("w+")
     proc = subprocess.Popen(
@@ -69,15 +71,9 @@ def served_app(tmp_path_factory):
             time.sleep(2)
         yield url, env
     finally:
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: serve run shuts the app and its cluster down
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        # Whatever of that cluster outlived it (its processes name the private temp dir); nothing else.
-        subprocess.run(["pkill", "-9", "-f", ray_tmp], check=False)
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+        # What Ctrl-C does (serve run shuts the app and its cluster down), then whatever of that cluster outlived
+        # it, found by the private temp dir in its environment (a vLLM engine whose replica died first among them).
+        stop(proc, ray_tmp)
         log.close()
 
 
