@@ -211,10 +211,10 @@ def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None
 
 def peer_env(peer: str, ray_tmp: str) -> dict[str, str]:
     out = {**env(), "RAY_TMPDIR": ray_tmp}
-    if not peer.startswith("vllm"):
-        out.update(serve_env())  # the Ray peers run with make serve's Ray settings
     if peer.startswith("vllm"):
         out["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    else:
+        out.update(serve_env())  # the Ray peers run with make serve's Ray settings
     if peer == "vllm":
         out["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     return out
