@@ -18,6 +18,9 @@ AutoOrPositive = Literal["auto"] | Annotated[int, Field(ge=1)]
 AUTO_FALLBACK_TOKENS = 65_536
 """The ``auto`` in-flight budget when an engine cannot say how large its KV cache is."""
 
+AUTO_FALLBACK_INFLIGHT = 256
+"""The ``auto`` in-flight request cap when an engine cannot say how many requests it runs at once."""
+
 
 API_KEY_ENV = "SERVE_APP_API_KEY"
 """The environment variable holding the API key when ``api_key`` is not in the config (as vLLM's
@@ -101,7 +104,9 @@ class BatcherSettings(_Strict):
     max_inflight_tokens: AutoOrPositive = Field(
         "auto", description="token budget in flight (prompt + max_tokens each); auto: the engine's KV cache size"
     )
-    max_inflight: int = Field(256, ge=1, description="most requests inside the engine at once")
+    max_inflight: AutoOrPositive = Field(
+        "auto", description="most requests inside the engine at once; auto: as many as it runs at once"
+    )
     order: Literal["fifo", "length_aware"] = "fifo"
     max_wait_s: float = Field(2.0, ge=0.0, description="length_aware: a request waiting this long goes next")
     peak_estimate: bool = Field(False, description="admit on LightLLM's peak KV estimate instead of final sizes")
@@ -118,8 +123,9 @@ class BatcherSettings(_Strict):
     length_aware: bool = False
     isolate_failures: bool = False
 
-    def batcher_kwargs(self, kv_cache_tokens: int | None = None) -> dict[str, Any]:
-        """Keyword arguments for the mode's batcher (``TokenBatcher`` or ``ContinuousBatcher``)."""
+    def batcher_kwargs(self, kv_cache_tokens: int | None = None, max_running: int | None = None) -> dict[str, Any]:
+        """Keyword arguments for the mode's batcher (``TokenBatcher`` or ``ContinuousBatcher``); the engine's
+        KV cache size and running-request cap size the ``auto`` settings (fallbacks where it cannot say)."""
         if self.mode == "batch":
             return self.model_dump(
                 include={
@@ -135,9 +141,12 @@ class BatcherSettings(_Strict):
         budget = self.max_inflight_tokens
         if budget == "auto":
             budget = kv_cache_tokens or AUTO_FALLBACK_TOKENS
+        inflight = self.max_inflight
+        if inflight == "auto":
+            inflight = max_running or AUTO_FALLBACK_INFLIGHT
         return {
             "max_inflight_cost": budget,
-            "max_inflight": self.max_inflight,
+            "max_inflight": inflight,
             "max_queue_size": self.max_queue_size,
             "order": self.order,
             "max_wait_s": self.max_wait_s,
@@ -288,6 +297,8 @@ class AppConfig(ServerConfig):
             if self.batcher.mode == "batch"
             else ("batcher.max_inflight", self.batcher.max_inflight)
         )
+        if needed == "auto":  # the engine's own cap, known once it is up (the replica logs it)
+            needed = 0
         if self.max_ongoing_requests < needed:
             raise ValueError(
                 f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= {field} ({needed}), "

@@ -129,5 +129,14 @@ def test_kv_cache_size_sizes_an_auto_budget(engine):
     assert tokens is not None and tokens > 10_000  # VLLM_CPU_KVCACHE_SPACE's worth of blocks, in tokens
 
 
+def test_auto_max_inflight_is_what_vllm_runs_at_once_as_vllm_serve_sizes_it(engine):
+    from serve_app.config import AppConfig
+
+    # Built as an OpenAI server: vLLM's CPU default for `vllm serve` is 128 running requests (its engine-context
+    # default is the same on a CPU, but on an H100 128 where `vllm serve` runs 1024).
+    assert engine.max_running() == engine._llm.vllm_config.scheduler_config.max_num_seqs == 128
+    assert AppConfig().batcher.batcher_kwargs(engine.kv_cache_tokens(), engine.max_running())["max_inflight"] == 128
+
+
 def test_health_check_passes(engine, loop):
     loop.run_until_complete(engine.check_health())

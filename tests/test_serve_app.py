@@ -171,7 +171,7 @@ async def test_reconfigure_changes_batcher_knobs_live(serve_instance):
     config = AppConfig(engine="simulated", autoscaling={"min_replicas": 1, "max_replicas": 1}, cpus_per_replica=0.25)
     deployment = LLMServer.options(**deployment_options(config))
     handle = serve.run(deployment.bind(config.model_dump()), name="knobs", route_prefix="/knobs")
-    assert (await handle.stats.remote())["batcher_settings"]["max_inflight"] == 256
+    assert (await handle.stats.remote())["batcher_settings"]["max_inflight"] == "auto"
     live = deployment.options(user_config={"batcher": {"max_inflight": 3}})
     handle = serve.run(live.bind(config.model_dump()), name="knobs", route_prefix="/knobs")
     stats = await handle.stats.remote()

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from serve_app.app import build_app, deployment_options
-from serve_app.config import AUTO_FALLBACK_TOKENS, AppConfig, BatcherSettings
+from serve_app.config import AUTO_FALLBACK_INFLIGHT, AUTO_FALLBACK_TOKENS, AppConfig, BatcherSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -19,7 +19,15 @@ def test_defaults_are_valid_and_select_the_bundled_model_on_vllm():
     assert config.engine == "vllm" and config.model == "bundled"
     assert config.model_name == "SmolLM2-135M-Instruct"
     assert config.batcher.mode == "continuous" and config.batcher.max_inflight_tokens == "auto"
-    assert config.max_ongoing_requests >= config.batcher.max_inflight
+    # auto: as many as the engine runs at once, up to vLLM's largest default (1024, an H100 as `vllm serve`)
+    assert config.batcher.max_inflight == "auto" and config.max_ongoing_requests >= 1024
+
+
+def test_auto_max_inflight_is_the_engines_running_cap_with_a_fallback():
+    settings = AppConfig().batcher
+    assert settings.batcher_kwargs(100_000, 128)["max_inflight"] == 128
+    assert settings.batcher_kwargs(100_000, None)["max_inflight"] == AUTO_FALLBACK_INFLIGHT
+    assert AppConfig(batcher={"max_inflight": 7}).batcher.batcher_kwargs(100_000, 128)["max_inflight"] == 7
 
 
 def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
@@ -32,7 +40,7 @@ def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
     options = deployment_options(config)
     assert options["autoscaling_config"]["max_replicas"] == 2
     assert config.batcher.mode == "continuous"  # the vLLM app admits continuously by default
-    assert options["max_ongoing_requests"] >= config.batcher.max_inflight
+    assert config.batcher.max_inflight == "auto" and options["max_ongoing_requests"] >= 1024
     assert options["ray_actor_options"]["num_gpus"] == 0  # no Ray cluster with GPUs here
     # Serve's own queue, when capped, sheds with the same 503 + Retry-After as the batcher's.
     assert options["max_queued_requests"] == -1

@@ -143,6 +143,11 @@ class Engine(abc.ABC):
         """How many tokens the engine's KV cache holds (sizes an ``auto`` in-flight budget); None: unknown."""
         return None
 
+    def max_running(self) -> int | None:
+        """How many requests the engine runs at once (sizes an ``auto`` ``max_inflight``: admitting fewer
+        leaves it under-filled, more only queues them inside it, out of the batcher's order); None: unknown."""
+        return None
+
     async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Stop a request whose caller went away (its result is then discarded)."""
 

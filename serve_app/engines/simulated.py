@@ -80,6 +80,9 @@ class SimulatedEngine(Engine):
     def kv_cache_tokens(self) -> int | None:
         return self.settings.kv_cache_tokens
 
+    def max_running(self) -> int | None:
+        return self.settings.max_num_seqs
+
     # -- Continuous batching -------------------------------------------------------------------------
 
     def _admit(self, request: GenerationRequest) -> GenerationResult | None:

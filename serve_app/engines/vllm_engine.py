@@ -68,6 +68,7 @@ class VLLMEngine(Engine):
             os.environ["OMP_NUM_THREADS"] = str(threads)
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         enforce_eager = settings.enforce_eager if settings.enforce_eager is not None else not on_gpu
@@ -86,7 +87,9 @@ class VLLMEngine(Engine):
         logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
         self.max_model_len = settings.max_model_len
         self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
+        # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
         self._dead: BaseException | None = None
         self._counts = {"requests": 0, "aborts": 0}
 
@@ -106,6 +109,10 @@ class VLLMEngine(Engine):
         """Tokens the KV cache holds: vLLM's block count (known once its engine is up) x block size."""
         cache = self._llm.vllm_config.cache_config
         return cache.num_gpu_blocks * cache.block_size if cache.num_gpu_blocks else None
+
+    def max_running(self) -> int | None:
+        """vLLM's scheduler cap on running requests (``max_num_seqs``)."""
+        return self._llm.vllm_config.scheduler_config.max_num_seqs
 
     @staticmethod
     def sampling_params(s: SamplingOptions) -> Any:
