@@ -21,7 +21,7 @@ KV cache). Each mode runs in its own process (one engine at a time on the CPU), 
 reported: output tokens/s (and the ratio to offline), and for the burst mean and p99 latency per request and the
 ratios app/direct.
 
-    python -m benchmarks.e2e --prompts 64 --max-tokens 32 --repeats 3 --burst 256
+    python -m benchmarks.e2e --prompts 64 --max-tokens 32 --repeats 3 --burst 256 --rounds 3
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from .serving import serve_env
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("app-batched", "app-handle", "direct", "offline")
@@ -290,6 +292,8 @@ def subprocess_mode(mode: str, n: int, max_tokens: int, repeats: int, burst: int
     argv = [sys.executable, "-m", "benchmarks.e2e", "--one", mode, "--prompts", str(n), "--max-tokens"]
     argv += [str(max_tokens), "--repeats", str(repeats), "--burst", str(burst)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    if mode.startswith(("app", "burst-app")):
+        env.update(serve_env())  # the Ray Serve settings `make serve` runs the app with
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
@@ -313,10 +317,19 @@ def measure(n: int, max_tokens: int, repeats: int = 1, modes: tuple[str, ...] = 
     return rows
 
 
-def measure_burst(burst: int, repeats: int = 1, modes: tuple[str, ...] = BURST_MODES) -> list[dict[str, Any]]:
-    """Workload 2: the mixed-length burst, each mode in its own process; ratios to ``burst-direct``."""
-    rows = []
-    for mode in modes:
+def measure_burst(
+    burst: int, repeats: int = 1, modes: tuple[str, ...] = BURST_MODES, rounds: int = 1
+) -> list[dict[str, Any]]:
+    """Workload 2: the mixed-length burst, each mode in its own process; ratios to ``burst-direct``.
+
+    burst-app and burst-direct run ``rounds`` times each, alternating (direct, app, app, direct, ...), so that
+    each ratio is taken between two runs minutes apart: a row holds the medians over its rounds, its ratios
+    are the medians of the per-round ratios, with their range. Other modes run once."""
+    paired = [m for m in ("burst-direct", "burst-app") if m in modes]
+    schedule = [(k, m) for k in range(rounds) for m in (paired[::-1] if k % 2 else paired)]
+    schedule += [(0, m) for m in modes if m not in paired]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for k, mode in schedule:
         if mode == "burst-app-batch" and not has_batch_mode():
             continue  # the app's batcher has no mode knob: no old batch mode to compare
         result = subprocess_mode(mode, 0, 0, repeats, burst)
@@ -325,13 +338,29 @@ def measure_burst(burst: int, repeats: int = 1, modes: tuple[str, ...] = BURST_M
             nan = math.nan
             result = {"mode": f"{mode} (failed)", "requests": burst, "output_tokens": 0, "wall_s": nan}
             result |= {"output_tokens_per_s": nan, "mean_latency_s": nan, "p50_latency_s": nan, "p99_latency_s": nan}
-        rows.append(result)
-    ref = next((r for r in rows if r["mode"] == "burst-direct"), None)
-    for row in rows:
-        ok = ref is not None and ref["output_tokens_per_s"] > 0
-        row["tput_vs_direct"] = row["output_tokens_per_s"] / ref["output_tokens_per_s"] if ok else math.nan
-        row["mean_latency_vs_direct"] = row["mean_latency_s"] / ref["mean_latency_s"] if ok else math.nan
+        result["round"] = k
+        runs.setdefault(mode, []).append(result)
+    refs = {r["round"]: r for r in runs.get("burst-direct", []) if r["output_tokens_per_s"] > 0}
+    rows = []
+    for done in runs.values():
+        for run in done:  # ratios to burst-direct in the same round (round 0 for the modes run once)
+            ref = refs.get(run["round"])
+            run["tput_vs_direct"] = run["output_tokens_per_s"] / ref["output_tokens_per_s"] if ref else math.nan
+            run["mean_latency_vs_direct"] = run["mean_latency_s"] / ref["mean_latency_s"] if ref else math.nan
+        row = {**done[0], "rounds": len(done), "runs": done}
+        for key in ("wall_s", "output_tokens_per_s", "mean_latency_s", "p50_latency_s", "p99_latency_s"):
+            row[key] = statistics.median(r[key] for r in done)
+        for key in ("tput_vs_direct", "mean_latency_vs_direct"):
+            ratios = [r[key] for r in done if not math.isnan(r[key])]
+            row[key] = statistics.median(ratios) if ratios else math.nan
+            row[f"{key}_range"] = (min(ratios), max(ratios)) if ratios else (math.nan, math.nan)
+        rows.append(row)
     return rows
+
+
+def per_round(row: dict[str, Any], key: str) -> str:
+    """A burst row's per-round figures of ``key``, as 0.97/1.02/0.99."""
+    return "/".join(format(run[key], ".2f") for run in row["runs"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--burst", type=int, default=256, help="requests in the mixed-length burst (0: skip it)")
+    parser.add_argument("--rounds", type=int, default=1, help="burst-app and burst-direct, alternating")
     parser.add_argument("--modes", nargs="+", choices=MODES + BURST_MODES, help="only these modes")
     parser.add_argument("--one", choices=MODES + BURST_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--json")
@@ -356,12 +386,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     burst_rows = []
     if args.burst:
-        burst_rows = measure_burst(args.burst, args.repeats, tuple(m for m in selected if m in BURST_MODES))
+        modes = tuple(m for m in selected if m in BURST_MODES)
+        burst_rows = measure_burst(args.burst, args.repeats, modes, args.rounds)
         for r in burst_rows:
             print(
                 f"{r['mode']:<16} {r['output_tokens_per_s']:7.2f} tok/s  mean {r['mean_latency_s']:6.1f}s  "
                 f"p99 {r['p99_latency_s']:6.1f}s  x direct: tok/s {r['tput_vs_direct']:.2f}, "
-                f"mean latency {r['mean_latency_vs_direct']:.2f}"
+                f"mean latency {r['mean_latency_vs_direct']:.2f} ({r['rounds']} round(s); per round: tok/s "
+                f"{per_round(r, 'tput_vs_direct')}, mean latency {per_round(r, 'mean_latency_vs_direct')})"
             )
     if args.json:
         Path(args.json).write_text(json.dumps({"batch_job": rows, "burst": burst_rows}, indent=2))

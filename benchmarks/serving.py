@@ -22,11 +22,15 @@ Two workloads:
             both a time to first token and a time per output token within it; a refused request (503) counts
             as failed
 
+With ``--rounds N`` the burst is measured N times for vllm and the app, each start in its own round, the two
+peers' order alternating: the burst rows are then medians over the rounds, and the ratio to vllm is the median
+of the ratios taken within each round (with their range), which this shared 2-core machine's drift needs.
+
 A peer's start-up is not measured: the client starts after the peer answers its health check, and sends one
 test request first. A peer that does not deploy, or a client run that fails, is recorded as such per row.
 
     python -m benchmarks.serving [--quick] [--peers vllm app ray-serve-llm] [--backends openai openai-chat]
-                                 [--json out.json]
+                                 [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import math
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -361,8 +366,9 @@ def measure_one(url: str, backend: str, folder: Path, workdir: Path, prompts: in
     return status, metrics
 
 
-def blank(peer: str, backend: str, workload: str, status: str, **extra: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {"peer": peer, "backend": backend, "workload": workload, "status": status, **extra}
+def blank(peer: str, backend: str, workload: str, status: str, rnd: int = 0, **extra: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"peer": peer, "backend": backend, "workload": workload, "status": status, "round": rnd}
+    row.update(extra)
     for key in METRICS:
         row.setdefault(key, math.nan)
     row.setdefault("errors", [])
@@ -375,64 +381,68 @@ def measure(
     backends: tuple[str, ...] = tuple(BACKENDS),
     slo_ms: float = SLO_TTFT_MS,
     overload_rps: float | None = None,
+    rounds: int = 1,
+    round_peers: tuple[str, ...] = ("vllm", "app"),
 ) -> dict[str, Any]:
-    """Every peer in turn (vllm first: its burst throughput sets the overload rate); a dict with ``rows`` (one
-    per peer x backend x workload) and the ``config`` used. Never raises for a peer that fails."""
+    """Every peer in turn (vllm first: its burst throughput sets the overload rate), then ``rounds - 1`` more
+    bursts of each of ``round_peers``, started afresh in alternating order, so that a ratio is taken between
+    runs minutes apart and this shared machine's drift shows as a spread, not as a result. A dict with ``rows``
+    (one per round x peer x backend x workload), ``burst`` (per peer and backend: medians over its rounds and
+    the spread of its per-round ratio to vllm) and the ``config`` used. Never raises for a peer that fails."""
     from serve_app.models import prepare
 
     folder = Path(prepare())
     burst_n, overload_n = (16, 24) if quick else (64, 112)
     timeout_s = 600 if quick else 1800
     order = sorted(peers, key=lambda p: p != "vllm")
+    again = [p for p in order if p in round_peers]
+    schedule = [(0, p) for p in order] + [(k, p) for k in range(1, rounds) for p in (again[::-1] if k % 2 else again)]
     rows: list[dict[str, Any]] = []
     rates: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="serving-bench-") as tmp:
-        for peer in order:
-            workdir = Path(tmp) / peer
+        for rnd, peer in schedule:
+            workdir = Path(tmp) / f"{peer}-{rnd}"
             workdir.mkdir()
-            print(f"[serving] starting {peer}", file=sys.stderr, flush=True)
+            print(f"[serving] round {rnd}: starting {peer}", file=sys.stderr, flush=True)
             try:
                 with running(peer, folder, workdir, 900 if peer != "vllm" else 600) as (url, startup_s):
                     print(f"[serving] {peer} ready in {startup_s:.0f} s", file=sys.stderr, flush=True)
                     for backend in backends:
                         status, metrics = measure_one(url, backend, folder, workdir, burst_n, math.inf, None, timeout_s)
-                        rows.append(blank(peer, backend, "burst", status, startup_s=startup_s, **metrics))
+                        rows.append(blank(peer, backend, "burst", status, rnd, startup_s=startup_s, **metrics))
                         print(f"[serving] {peer} {backend} burst: {status}", file=sys.stderr, flush=True)
+                        if rnd:
+                            continue  # later rounds repeat the burst only
                         if backend not in rates and metrics.get("request_rps", 0) > 0:
                             # The first peer measured sets it: vllm when it is in the run.
                             rates[backend] = overload_rps or OVERLOAD_FACTOR * metrics["request_rps"]
                         rate = rates.get(backend, overload_rps)
                         if not rate:
-                            rows.append(blank(peer, backend, "overload", "skipped: no sustained rate measured"))
+                            rows.append(blank(peer, backend, "overload", "skipped: no sustained rate measured", rnd))
                             continue
                         status, metrics = measure_one(
                             url, backend, folder, workdir, overload_n, rate, slo_ms, timeout_s
                         )
                         rows.append(
-                            blank(peer, backend, "overload", status, startup_s=startup_s, rate_rps=rate, **metrics)
+                            blank(peer, backend, "overload", status, rnd, startup_s=startup_s, rate_rps=rate, **metrics)
                         )
                         print(f"[serving] {peer} {backend} overload: {status}", file=sys.stderr, flush=True)
             except RuntimeError as exc:
                 status = f"did not deploy: {exc}"
                 print(f"[serving] {peer} {status}", file=sys.stderr, flush=True)
-                done = {(r["backend"], r["workload"]) for r in rows if r["peer"] == peer}
+                done = {(r["backend"], r["workload"]) for r in rows if (r["peer"], r["round"]) == (peer, rnd)}
                 for backend in backends:
-                    for workload in ("burst", "overload"):
+                    for workload in ("burst", "overload") if rnd == 0 else ("burst",):
                         if (backend, workload) not in done:
-                            rows.append(blank(peer, backend, workload, status))
-    for row in rows:  # ratios to the vllm peer on the same backend and workload
-        ref = next(
-            (
-                r
-                for r in rows
-                if r["peer"] == "vllm" and (r["backend"], r["workload"]) == (row["backend"], row["workload"])
-            ),
-            None,
-        )
+                            rows.append(blank(peer, backend, workload, status, rnd))
+    key = ("round", "backend", "workload")
+    for row in rows:  # ratios to the vllm peer on the same backend and workload, in the same round
+        ref = next((r for r in rows if r["peer"] == "vllm" and all(r[k] == row[k] for k in key)), None)
         ok = ref is not None and ref["completed"] > 0  # False for a blank (NaN) reference row
         row["tput_vs_vllm"] = row["output_tok_s"] / ref["output_tok_s"] if ok and ref["output_tok_s"] else math.nan
         row["ttft_vs_vllm"] = row["ttft_p50_ms"] / ref["ttft_p50_ms"] if ok and ref["ttft_p50_ms"] else math.nan
     return {
+        "burst": burst_summary(rows),
         "config": {
             "model": MODEL_NAME,
             "dtype": DTYPE,
@@ -448,9 +458,31 @@ def measure(
             "slo_tpot_ms": SLO_TPOT_MS,
             "slo_app": {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S},
             "cores": os.cpu_count(),
+            "rounds": rounds,
+            "round_peers": list(again),
         },
         "rows": rows,
     }
+
+
+def burst_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per peer and backend, the bursts of every round in one row: totals of done and failed, the median of
+    every other metric over the rounds that completed requests, and the median, lowest and highest of the
+    per-round ratios to vllm."""
+    out = []
+    for peer, backend in dict.fromkeys((r["peer"], r["backend"]) for r in rows if r["workload"] == "burst"):
+        runs = [r for r in rows if (r["peer"], r["backend"], r["workload"]) == (peer, backend, "burst")]
+        done = [r for r in runs if r["completed"] > 0]
+        row = blank(peer, backend, "burst", "ok" if all(r["status"] == "ok" for r in runs) else "not ok")
+        row.update(rounds=len(runs), completed=sum(r["completed"] for r in done), failed=sum(r["failed"] for r in done))
+        for metric in (*METRICS[2:], "tput_vs_vllm", "ttft_vs_vllm"):
+            values = [r[metric] for r in done if not math.isnan(r[metric])]
+            row[metric] = statistics.median(values) if values else math.nan
+        ratios = [r["tput_vs_vllm"] for r in done if not math.isnan(r["tput_vs_vllm"])]
+        row["tput_vs_vllm_min"] = min(ratios, default=math.nan)
+        row["tput_vs_vllm_max"] = max(ratios, default=math.nan)
+        out.append(row)
+    return out
 
 
 def fmt(value: Any, spec: str) -> str:
@@ -459,13 +491,14 @@ def fmt(value: Any, spec: str) -> str:
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     head = (
-        f"{'peer':<14} {'backend':<12} {'workload':<9} {'done':>5} {'fail':>4} {'tok/s':>7} {'TTFT p50':>9} "
+        f"{'peer':<14} {'backend':<12} {'workload':<9} {'rnd':>3} {'done':>5} {'fail':>4} {'tok/s':>7} {'TTFT p50':>9} "
         f"{'p99 s':>6} {'TPOT p50':>9} {'p99 ms':>7} {'E2E mean':>9} {'p99 s':>6} {'good/s':>6} {'x vllm':>6}"
     )
     print(head)
     for r in rows:
         print(
-            f"{r['peer']:<14} {r['backend']:<12} {r['workload']:<9} {fmt(r['completed'], '5.0f')} "
+            f"{r['peer']:<14} {r['backend']:<12} {r['workload']:<9} {r.get('rounds', r['round']):>3} "
+            f"{fmt(r['completed'], '5.0f')} "
             f"{fmt(r['failed'], '4.0f')} {fmt(r['output_tok_s'], '7.1f')} {fmt(r['ttft_p50_ms'] / 1000, '9.2f')} "
             f"{fmt(r['ttft_p99_ms'] / 1000, '6.2f')} {fmt(r['tpot_p50_ms'], '9.1f')} {fmt(r['tpot_p99_ms'], '7.1f')} "
             f"{fmt(r['e2el_mean_ms'] / 1000, '9.2f')} {fmt(r['e2el_p99_ms'] / 1000, '6.2f')} "
@@ -482,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
     parser.add_argument("--slo-ttft-ms", type=float, default=SLO_TTFT_MS, help="goodput objective of the overload")
     parser.add_argument("--overload-rps", type=float, help="fixed overload arrival rate (default: 2x vllm's burst)")
+    parser.add_argument("--rounds", type=int, default=1, help="bursts of vllm and app, each started afresh")
     parser.add_argument("--json")
     parser.add_argument("--client", help=argparse.SUPPRESS)  # JSON list: client argv + result path
     parser.add_argument("--ray-serve-llm", type=int, help=argparse.SUPPRESS)  # the port
@@ -499,9 +533,13 @@ def main(argv: list[str] | None = None) -> int:
         "request throughput",
         flush=True,
     )
-    out = measure(args.quick, tuple(args.peers), tuple(args.backends), args.slo_ttft_ms, args.overload_rps)
+    out = measure(args.quick, tuple(args.peers), tuple(args.backends), args.slo_ttft_ms, args.overload_rps, args.rounds)
     print(json.dumps(out["config"]))
     print_rows(out["rows"])
+    print("\nBursts over all rounds (medians; 'rnd': rounds; x vllm: median of the per-round ratios):")
+    print_rows(out["burst"])
+    for r in out["burst"]:
+        print(f"{r['peer']} {r['backend']}: x vllm {r['tput_vs_vllm_min']:.2f}-{r['tput_vs_vllm_max']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
