@@ -113,13 +113,16 @@ class Direct:
     def __init__(self) -> None:
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from serve_app.models import prepare
 
         model = str(prepare())
         self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, disable_log_stats=True, **engine_settings()))
+        engine_args = AsyncEngineArgs(model=model, disable_log_stats=True, **engine_settings())
+        # Sized as `vllm serve` sizes its engine, as the app's is (the same 128 sequences on a CPU).
+        self.llm = AsyncLLM.from_engine_args(engine_args, usage_context=UsageContext.OPENAI_API_SERVER)
         self.count = 0
 
     async def one(self, text: str, max_tokens: int) -> tuple[float, int]:
