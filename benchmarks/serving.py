@@ -27,7 +27,8 @@ peers' order alternating: the burst rows are then medians over the rounds, and t
 of the ratios taken within each round (with their range), which this shared 2-core machine's drift needs.
 
 A peer's start-up is not measured: the client starts after the peer answers its health check, and sends one
-test request first. A peer that does not deploy, or a client run that fails, is recorded as such per row.
+test request and then ``WARMUPS`` warm-up requests at once (its ``--num-warmups``) before each measurement.
+A peer that does not deploy, or a client run that fails, is recorded as such per row.
 
     python -m benchmarks.serving [--quick] [--peers vllm app ray-serve-llm] [--backends openai openai-chat]
                                  [--rounds 3] [--json out.json]
@@ -68,6 +69,7 @@ SLO_TTFT_MS = 8000.0
 SLO_TPOT_MS = 400.0
 SLO_INFLIGHT, SLO_QUEUE_WAIT_S = 32, 4.0  # app-slo's batcher: engine share and admission wait
 OVERLOAD_FACTOR = 2.0
+WARMUPS = 8  # concurrent warm-up requests before each measurement (vllm bench serve --num-warmups)
 READY_MARKER = "RAY_SERVE_LLM_READY"
 METRICS = (
     "completed",
@@ -286,6 +288,8 @@ def client_argv(url: str, backend: str, folder: Path, prompts: int, rate: float,
         "--ignore-eos",
         "--ready-check-timeout-sec",
         "120",  # one test request first (0.32 skips it by default); the run stops if it fails
+        "--num-warmups",
+        str(WARMUPS),  # then the client's own warm-up, alike for every peer (a fresh server's first requests)
         "--percentile-metrics",
         "ttft,tpot,itl,e2el",
         "--metric-percentiles",
