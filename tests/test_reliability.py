@@ -271,11 +271,12 @@ async def test_engine_raising_mid_batch_fails_only_the_bad_records_with_isolatio
 async def test_engine_raising_mid_batch_fails_only_that_batch_without_isolation(serve_instance, deploy):
     handle = deploy(
         "noisolate",
-        simulated={"batch_overhead_s": 0.3, "padded": True},
+        simulated={"batch_overhead_s": 2, "padded": True},
         batcher={"mode": "batch", "max_batch_size": 8, "batch_timeout_s": 0, "max_concurrent_batches": 1},
     )
     bad = handle.generate_batch.remote(["a", "__simulated_raise__", "c"], max_tokens=1)
-    await asyncio.sleep(0.1)  # the bad batch is in the engine; what follows queues for the next batch
+    # the bad batch is in the engine before what follows is sent, so that it queues for the next batch
+    await wait_for(batcher_is(handle, "in_flight", lambda n: n == 3), 30, "the bad batch in the engine")
     later = [handle.generate.remote(f"later {i}", max_tokens=2) for i in range(5)]
     rows = await bad
     assert all(r["error"] and "raise marker" in r["error"] for r in rows)  # the whole batch failed...
@@ -430,8 +431,11 @@ async def test_deleting_the_app_under_load_answers_every_admitted_request(serve_
 MODES = {
     # one request in the engine at a time, the rest queued in the batcher
     "continuous": {"simulated": {"step_s": 1.5}, "batcher": {"max_inflight": 1}},
-    "batch": {  # 5 queued: no full batch
-        "simulated": {"batch_overhead_s": 1.5, "padded": True},
+    # one batch in the engine, 5 queued behind it (not a full batch). The batch runs 12 s, however early its
+    # caller leaves (a static batch runs to its end), so that the five reach the queue while it runs even on a
+    # slow, loaded CI machine: at 1.5 s they once arrived after it had ended and formed a batch of their own.
+    "batch": {
+        "simulated": {"batch_overhead_s": 12, "padded": True},
         "batcher": {"mode": "batch", "max_batch_size": 8, "batch_timeout_s": 0, "max_concurrent_batches": 1},
     },
 }

@@ -198,10 +198,18 @@ async def test_replica_shutdown_drains_queued_requests(serve_instance):
 
     from .conftest import SIMULATED_DEFAULTS, merge
 
-    args = merge(SIMULATED_DEFAULTS, {"simulated": {"step_s": 0.15}, "batcher": {"max_inflight": 4}})
+    args = merge(SIMULATED_DEFAULTS, {"simulated": {"step_s": 1.0}, "batcher": {"max_inflight": 4}})
     handle = serve.run(build_app(args), name="drain", route_prefix="/drain")
     calls = [handle.generate.remote(f"queued {i}", max_tokens=2) for i in range(16)]
-    await asyncio.sleep(0.2)  # all submitted: four running in the engine, the rest queued in the batcher
+    # all submitted before the delete: four running in the engine, the rest queued in the batcher
+    for _ in range(240):
+        stats = (await handle.stats.remote())["batcher"]
+        if stats["total_submitted"] >= 16:
+            break
+        await asyncio.sleep(0.25)
+    else:
+        raise AssertionError("the 16 requests did not all reach the replica in 60 s")
+    assert stats["queue_depth"] > 0  # (16 requests of 2 steps of 1 s, 4 at a time: about 8 s of work)
     started = time.monotonic()
     await asyncio.to_thread(serve.delete, "drain")
     results = await asyncio.gather(*calls, return_exceptions=True)
