@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -197,18 +198,18 @@ async def test_replica_shutdown_drains_queued_requests(serve_instance):
     from serve_app.app import build_app
 
     from .conftest import SIMULATED_DEFAULTS, merge
+    from .test_reliability import wait_for
 
     args = merge(SIMULATED_DEFAULTS, {"simulated": {"step_s": 1.0}, "batcher": {"max_inflight": 4}})
     handle = serve.run(build_app(args), name="drain", route_prefix="/drain")
     calls = [handle.generate.remote(f"queued {i}", max_tokens=2) for i in range(16)]
-    # all submitted before the delete: four running in the engine, the rest queued in the batcher
-    for _ in range(240):
+
+    async def all_submitted() -> dict[str, Any] | None:
         stats = (await handle.stats.remote())["batcher"]
-        if stats["total_submitted"] >= 16:
-            break
-        await asyncio.sleep(0.25)
-    else:
-        raise AssertionError("the 16 requests did not all reach the replica in 60 s")
+        return stats if stats["total_submitted"] >= 16 else None
+
+    # all submitted before the delete: four running in the engine, the rest queued in the batcher
+    stats = await wait_for(all_submitted, 60, "the 16 requests to reach the replica")
     assert stats["queue_depth"] > 0  # (16 requests of 2 steps of 1 s, 4 at a time: about 8 s of work)
     started = time.monotonic()
     await asyncio.to_thread(serve.delete, "drain")
