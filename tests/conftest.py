@@ -7,9 +7,11 @@ own cluster in subprocesses (test_real_app.py) and never connects this process t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -48,6 +50,35 @@ class RowsInThread(threading.Thread):
             self.rows.extend(self.job())
         except BaseException as exc:  # the test asserts there is none
             self.failure.append(exc)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nearest rank, no interpolation)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+async def wait_for(condition, timeout: float, what: str, interval: float = 0.25) -> Any:
+    """Poll ``condition()`` (sync or async) until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def batcher_is(handle: Any, key: str, test) -> Any:
+    """An async condition for :func:`wait_for`: ``test(stats["batcher"][key])`` on the replica's stats."""
+
+    async def check() -> bool:
+        return bool(test((await handle.stats.remote())["batcher"][key]))
+
+    return check
 
 
 def free_port() -> int:

@@ -15,28 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import FIGURES, RowsInThread
+from .conftest import FIGURES, RowsInThread, batcher_is, percentile, wait_for
 
 pytestmark = [pytest.mark.serve, pytest.mark.reliability]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
-
-async def wait_for(condition, timeout: float, what: str, interval: float = 0.25) -> Any:
-    """Poll ``condition()`` (sync or async) until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(interval)
 
 
 def replica_actors(app: str) -> list[str]:
@@ -48,15 +29,6 @@ def replica_actors(app: str) -> list[str]:
         for a in ray.util.list_named_actors(all_namespaces=True)
         if a["name"].startswith(f"SERVE_REPLICA::{app}#")
     )
-
-
-def batcher_is(handle: Any, key: str, test) -> Any:
-    """An async condition for :func:`wait_for`: ``test(stats["batcher"][key])`` on the replica's stats."""
-
-    async def check() -> bool:
-        return bool(test((await handle.stats.remote())["batcher"][key]))
-
-    return check
 
 
 def running_replicas(app: str) -> int:

@@ -197,8 +197,7 @@ async def test_replica_shutdown_drains_queued_requests(serve_instance):
 
     from serve_app.app import build_app
 
-    from .conftest import SIMULATED_DEFAULTS, merge
-    from .test_reliability import wait_for
+    from .conftest import SIMULATED_DEFAULTS, merge, wait_for
 
     args = merge(SIMULATED_DEFAULTS, {"simulated": {"step_s": 1.0}, "batcher": {"max_inflight": 4}})
     handle = serve.run(build_app(args), name="drain", route_prefix="/drain")
