@@ -159,9 +159,12 @@ def simulated(quick: bool) -> str:
 
 
 def serving(quick: bool) -> str:
+    import json
+
     from . import serving as bench
 
     out = bench.measure(quick, rounds=1 if quick else 3)
+    (RESULTS / f"serving{'-quick' if quick else ''}.json").write_text(json.dumps(out, indent=2))  # every round's rows
     cfg, rows, burst = out["config"], out["rows"], out["burst"]
     overload = [r for r in rows if r["workload"] == "overload"]
     for r in burst:
