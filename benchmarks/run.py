@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -159,8 +160,6 @@ def simulated(quick: bool) -> str:
 
 
 def serving(quick: bool) -> str:
-    import json
-
     from . import serving as bench
 
     out = bench.measure(quick, rounds=1 if quick else 3)
@@ -314,8 +313,6 @@ def autoscale(quick: bool) -> str:
 
 
 def embeddings(quick: bool) -> str:
-    import json
-
     from . import embeddings as bench
 
     out = bench.measure(quick)
