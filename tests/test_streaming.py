@@ -5,11 +5,12 @@ budget freed), and handle streaming."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
 import pytest
+
+from .conftest import wait_for
 
 pytestmark = pytest.mark.serve
 
@@ -206,11 +207,13 @@ async def test_disconnect_mid_stream_aborts_the_engine_request_and_frees_its_bud
                 received += line.startswith("data: ")
                 if received >= 3:
                     break  # leave after three chunks: the connection closes
-    for _ in range(100):
+
+    async def aborted_and_freed() -> dict | None:
         stats = await handle.stats.remote()
-        if stats["engine_stats"]["aborts"] > before["engine_stats"]["aborts"] and stats["batcher"]["in_flight"] == 0:
-            break
-        await asyncio.sleep(0.1)
+        done = stats["engine_stats"]["aborts"] > before["engine_stats"]["aborts"] and stats["batcher"]["in_flight"] == 0
+        return stats if done else None
+
+    stats = await wait_for(aborted_and_freed, 10, "the engine abort and the freed budget", interval=0.1)
     assert stats["engine_stats"]["aborts"] == before["engine_stats"]["aborts"] + 1
     assert stats["batcher"]["in_flight"] == 0 and stats["batcher"]["in_flight_cost"] == 0
     assert stats["batcher"]["total_cancelled"] >= 1
