@@ -28,9 +28,10 @@ import time
 from typing import Any
 
 from batching import ContinuousBatcher
-from benchmarks.e2e import Direct, app_args, burst_requests
 from serve_app.config import BatcherSettings
 from serve_app.engines import GenerationRequest, SamplingOptions
+
+from .e2e import Direct, app_args, burst_requests
 
 
 class StepCounter:
