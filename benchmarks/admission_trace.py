@@ -32,6 +32,7 @@ from serve_app.config import BatcherSettings
 from serve_app.engines import GenerationRequest, SamplingOptions
 
 from .e2e import Direct, app_args, burst_requests
+from .run import table
 
 
 class StepCounter:
@@ -51,12 +52,11 @@ class StepCounter:
         core.get_output_async = counted
 
 
-def batcher_kwargs(direct: Direct, inflight: str) -> dict[str, Any]:
+def batcher_kwargs(direct: Direct, running_cap: int, inflight: str) -> dict[str, Any]:
     """serve_config.yaml's batcher settings for this engine, with ``max_inflight`` set to ``inflight``."""
     settings = BatcherSettings.model_validate({**app_args()["batcher"], "max_inflight": inflight})
     cache = direct.llm.vllm_config.cache_config
-    running = direct.llm.vllm_config.scheduler_config.max_num_seqs
-    return settings.batcher_kwargs(cache.num_gpu_blocks * cache.block_size, running)
+    return settings.batcher_kwargs(cache.num_gpu_blocks * cache.block_size, running_cap)
 
 
 Outcome = tuple[float, int]
@@ -65,8 +65,8 @@ Outcome = tuple[float, int]
 
 async def burst(direct: Direct, requests: list[tuple[str, int]], kwargs: dict[str, Any] | None) -> list[Outcome]:
     """Each request's outcome, all sent at once: straight in (``kwargs`` None) or through a batcher."""
-    started = time.perf_counter()
     if kwargs is None:
+        started = time.perf_counter()
 
         async def straight(text: str, max_tokens: int) -> Outcome:
             _, tokens = await direct.one(text, max_tokens)
@@ -78,14 +78,18 @@ async def burst(direct: Direct, requests: list[tuple[str, int]], kwargs: dict[st
         _, tokens = await direct.one(request.prompt_text, request.sampling.max_tokens)
         yield tokens
 
-    async def admitted(batcher: ContinuousBatcher, index: int, text: str, max_tokens: int) -> Outcome:
-        ids = direct.tokenizer.encode(text)
-        request = GenerationRequest(f"r{index}", ids, SamplingOptions(max_tokens=max_tokens), prompt_text=text)
+    async def admitted(batcher: ContinuousBatcher, request: GenerationRequest) -> Outcome:
         tokens = await (await batcher.submit(request))
         return time.perf_counter() - started, tokens
 
+    # Token counts for the batcher's costs, before the clock starts (direct.one tokenizes again, as in direct)
+    records = [
+        GenerationRequest(f"r{i}", direct.tokenizer.encode(t), SamplingOptions(max_tokens=m), prompt_text=t)
+        for i, (t, m) in enumerate(requests)
+    ]
     async with ContinuousBatcher(process, **kwargs) as batcher:
-        return list(await asyncio.gather(*(admitted(batcher, i, t, m) for i, (t, m) in enumerate(requests))))
+        started = time.perf_counter()
+        return list(await asyncio.gather(*(admitted(batcher, r) for r in records)))
 
 
 def row(mode: str, outcomes: list[Outcome], steps: list[int], running_cap: int) -> dict[str, Any]:
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     running_cap = direct.llm.vllm_config.scheduler_config.max_num_seqs
     modes: list[tuple[str, dict[str, Any] | None]] = [("direct", None)]
     for value in args.inflight:
-        kwargs = batcher_kwargs(direct, value)
+        kwargs = batcher_kwargs(direct, running_cap, value)
         modes.append((f"admitted-{kwargs['max_inflight']}" + (" (auto)" if value == "auto" else ""), kwargs))
 
     async def run() -> list[dict[str, Any]]:
@@ -141,10 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = asyncio.run(run())
     finally:
         direct.shutdown()
-    keys = list(rows[0])
-    print("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for r in rows:
-        print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+    print(table(rows, [(key, key, "") for key in rows[0]]))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
