@@ -30,6 +30,7 @@ from typing import Any
 from batching import ContinuousBatcher
 from serve_app.config import BatcherSettings
 from serve_app.engines import GenerationRequest, SamplingOptions
+from serve_app.engines.vllm_engine import llm_kv_cache_tokens, llm_max_running
 
 from .e2e import Direct, app_args, burst_requests
 from .run import table
@@ -55,8 +56,7 @@ class StepCounter:
 def batcher_kwargs(direct: Direct, running_cap: int, inflight: str) -> dict[str, Any]:
     """serve_config.yaml's batcher settings for this engine, with ``max_inflight`` set to ``inflight``."""
     settings = BatcherSettings.model_validate({**app_args()["batcher"], "max_inflight": inflight})
-    cache = direct.llm.vllm_config.cache_config
-    return settings.batcher_kwargs(cache.num_gpu_blocks * cache.block_size, running_cap)
+    return settings.batcher_kwargs(llm_kv_cache_tokens(direct.llm), running_cap)
 
 
 Outcome = tuple[float, int]
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     requests = burst_requests(args.burst)
     direct = Direct()
     counter = StepCounter(direct)
-    running_cap = direct.llm.vllm_config.scheduler_config.max_num_seqs
+    running_cap = llm_max_running(direct.llm)
     modes: list[tuple[str, dict[str, Any] | None]] = [("direct", None)]
     for value in args.inflight:
         kwargs = batcher_kwargs(direct, running_cap, value)

@@ -3,6 +3,7 @@ HTTP and a DeploymentHandle ask for the capital of France (slow: a couple of min
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -15,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.procs import stop
+from benchmarks.procs import own_leftovers, stop
 from benchmarks.serving import serve_env
 
 from .conftest import free_port
@@ -102,6 +103,26 @@ def test_bad_input_is_refused_up_front(served_app):
     url, _ = served_app
     too_long = httpx.post(f"{url}/generate", json={"prompts": ["word " * 3000]}, timeout=60)
     assert too_long.status_code == 400 and "context" in too_long.text
+
+
+def test_replica_and_engine_run_at_nice_0_under_serve_env(served_app):
+    """serve.env's RAY_worker_niceness=0 reaches the raylet: the replicas and the vLLM engine processes they
+    start run at nice 0, not Ray's default 15 (on a CPU a niced engine loses its core to every process that
+    wakes there). The engine is found as the replica's descendants: its process title is not reliably in comm."""
+    _, env = served_app
+    parent, comm = {}, {}
+    for pid in own_leftovers(env["RAY_TMPDIR"]):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            comm[pid] = stat[stat.index("(") + 1 : stat.rindex(")")]
+            parent[pid] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    serving = {pid for pid, name in comm.items() if name.startswith("ray::ServeRepli")}
+    replicas = set(serving)
+    while grown := {pid for pid, ppid in parent.items() if ppid in serving} - serving:
+        serving |= grown
+    assert serving - replicas, f"no process started by a replica ({replicas}) among {comm}"
+    niceness = {f"{pid} {comm[pid]}": os.getpriority(os.PRIO_PROCESS, pid) for pid in sorted(serving)}
+    assert niceness == dict.fromkeys(niceness, 0)
 
 
 def test_readme_deployment_handle_example_runs_as_written(served_app):

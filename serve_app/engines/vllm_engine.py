@@ -50,6 +50,17 @@ def resolve_dtype(dtype: str, on_gpu: bool) -> str:
     return dtype if dtype != "auto" or on_gpu else cpu_dtype()
 
 
+def llm_kv_cache_tokens(llm: Any) -> int | None:
+    """Tokens an ``AsyncLLM``'s KV cache holds: vLLM's block count (known once its engine is up) x block size."""
+    cache = llm.vllm_config.cache_config
+    return cache.num_gpu_blocks * cache.block_size if cache.num_gpu_blocks else None
+
+
+def llm_max_running(llm: Any) -> int:
+    """An ``AsyncLLM``'s scheduler cap on running requests (``max_num_seqs``)."""
+    return llm.vllm_config.scheduler_config.max_num_seqs
+
+
 class VLLMEngine(Engine):
     """An ``AsyncLLM`` over one model; on a CPU-only host it runs vLLM's CPU build."""
 
@@ -66,6 +77,14 @@ class VLLMEngine(Engine):
             # the same engine outside Ray on 2 cores). The engine gets the cores it may run on.
             threads = settings.cpu_threads if settings.cpu_threads != "auto" else len(os.sched_getaffinity(0))
             os.environ["OMP_NUM_THREADS"] = str(threads)
+            niceness = os.nice(0)
+            if niceness > 0:  # Ray starts its workers at nice 15; the engine's processes inherit it
+                logger.warning(
+                    "this replica runs at nice %d (Ray's worker_niceness) and vLLM's CPU engine inherits it, so "
+                    "every other process that wakes on the engine's cores runs ahead of the model: set "
+                    "RAY_worker_niceness=0 where Ray starts (serve.env; `make serve` does)",
+                    niceness,
+                )
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
@@ -107,12 +126,11 @@ class VLLMEngine(Engine):
 
     def kv_cache_tokens(self) -> int | None:
         """Tokens the KV cache holds: vLLM's block count (known once its engine is up) x block size."""
-        cache = self._llm.vllm_config.cache_config
-        return cache.num_gpu_blocks * cache.block_size if cache.num_gpu_blocks else None
+        return llm_kv_cache_tokens(self._llm)
 
     def max_running(self) -> int | None:
         """vLLM's scheduler cap on running requests (``max_num_seqs``)."""
-        return self._llm.vllm_config.scheduler_config.max_num_seqs
+        return llm_max_running(self._llm)
 
     @staticmethod
     def sampling_params(s: SamplingOptions) -> Any:
