@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .run import percentile
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 ENGINE = {
@@ -62,11 +64,6 @@ PIPELINES = {
 }
 LONG_CLIENTS, LONG_PROMPTS, LONG_CHARS, LONG_MAX_TOKENS = 3, 32, 1_000, 32
 CHAT_CHARS, CHAT_MAX_TOKENS = 80, 16
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else float("nan")
 
 
 def _counts(app: str) -> tuple[int, int]:
@@ -178,13 +175,13 @@ def summarize(policy: str, run: dict[str, Any]) -> dict[str, Any]:
         "chats": len(chats),
         "chats_503": sum(c["status"] == 503 for c in chats),
         "chat_p50_s": statistics.median(ok_chats) if ok_chats else float("nan"),
-        "chat_p99_s": _percentile(ok_chats, 0.99),
+        "chat_p99_s": percentile(ok_chats, 99),
         # the second half of the load: after the token policy's scale-up, both policies over the same period
-        "chat_p99_late_s": _percentile(late, 0.99),
+        "chat_p99_late_s": percentile(late, 99),
         "longs": len(ok_longs),
         "longs_503": sum(c["503"] for c in longs),
         "long_p50_s": statistics.median(ok_longs) if ok_longs else float("nan"),
-        "long_p99_s": _percentile(ok_longs, 0.99),
+        "long_p99_s": percentile(ok_longs, 99),
         "other_errors": sum(c["status"] not in (200, 503) for c in chats + longs),
         "prompts_per_s": prompts_done / run["ended_s"],
     }

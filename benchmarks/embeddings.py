@@ -61,6 +61,7 @@ from serve_app.engines.encoder import bundled_encoder_path
 
 from .padding import make_texts
 from .procs import own_leftovers, stop
+from .run import percentile
 from .serving import free_port, last_error, serve_env, tail
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -307,13 +308,6 @@ def other_cpu(before: tuple[int, int], after: tuple[int, int], wall_s: float) ->
 
 
 # --- the client --------------------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 async def load(

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from batching.stats import percentile as sorted_percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -24,6 +28,13 @@ MARKERS = ("<!-- results:start -->", "<!-- results:end -->")
 def png(name: str, quick: bool) -> str:
     """A plot's file name; quick runs get their own, so they never overwrite the full run's plots."""
     return f"{name}{'-quick' if quick else ''}.png"
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0-100) of ``values`` in any order, as the batcher's stats take it;
+    NaN when there are none (a benchmark row must not show 0 for "nothing measured")."""
+    ordered = sorted(values)
+    return sorted_percentile(ordered, q) if ordered else math.nan
 
 
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:

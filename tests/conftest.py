@@ -52,12 +52,6 @@ class RowsInThread(threading.Thread):
             self.failure.append(exc)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ``values`` (nearest rank, no interpolation)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
-
 async def wait_for(condition, timeout: float, what: str, interval: float = 0.25) -> Any:
     """Poll ``condition()`` (sync or async) until it returns something truthy; fail naming ``what``."""
     deadline = time.monotonic() + timeout
