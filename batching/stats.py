@@ -3,6 +3,7 @@ padding waste, and the recorder that the batcher updates once per batch (not onc
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -13,10 +14,13 @@ __all__ = ["BatchStats", "StatsRecorder", "percentile"]
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-100) of an ascending list; 0.0 when it is empty."""
+    """Nearest-rank percentile ``q`` (0-100) of an ascending list: the smallest value with at least ``q``%
+    of the list at or below it; 0.0 when it is empty. (``q * n / 100`` rather than ``q / 100 * n``, and the
+    tolerance, keep a whole-number rank such as 7 of 100 from becoming 8 through float rounding.)"""
     if not sorted_values:
         return 0.0
-    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
+    n = len(sorted_values)
+    rank = max(1, min(n, math.ceil(q * n / 100 - 1e-9)))
     return sorted_values[rank - 1]
 
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from fractions import Fraction
 
 import pytest
 
 from batching import DynamicBatcher, TokenBatcher
 from batching.estimators import HFTokenCounter, heuristic_tokens, text_of
+from batching.stats import percentile
 
 
 def long_tailed_costs(n: int, seed: int = 7) -> list[int]:
@@ -127,6 +129,17 @@ async def test_stats_snapshot_reports_queue_latency_and_exports_a_plain_dict():
     assert 0 < stats.utilization <= 1
     exported = json.loads(json.dumps(stats.to_dict()))
     assert exported["total_completed"] == 8 and "utilization" in exported
+
+
+@pytest.mark.parametrize("q", [0, 1, 7, 25, 29, 50, 57, 90, 95, 99, 99.9, 100])
+def test_percentile_is_the_nearest_rank(q):
+    """The stats' percentile is the smallest value with at least q% of the values at or below it, at every
+    size: exactly where q% of n is a whole number too (n=102, q=50 is the 51st value, not the 52nd)."""
+    for n in range(1, 1001):
+        values = [float(i) for i in range(1, n + 1)]  # the value is its own rank
+        exact = max(1, -(-Fraction(q).limit_denominator(1000) * n // 100))  # ceil, in exact arithmetic
+        assert percentile(values, q) == exact, (n, q)
+    assert percentile([], 50) == 0.0
 
 
 async def test_partial_batches_keep_filling_while_the_engine_is_busy():
