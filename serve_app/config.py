@@ -175,6 +175,14 @@ class VLLMSettings(_Strict):
     cpu_threads: Literal["auto"] | int = Field(
         "auto", description="CPU-only hosts: the engine's compute threads (OMP_NUM_THREADS); auto: every usable core"
     )
+    cpu_replica_niceness: int = Field(
+        19,
+        ge=0,
+        le=19,
+        description="CPU-only hosts: once its engine is up, the process holding it (a replica or a Ray Data actor: "
+        "HTTP, streaming, detokenizing) runs at this niceness, so the engine's compute on the same cores goes "
+        "first; 0 leaves it as it started",
+    )
     max_num_seqs: int | None = Field(None, ge=1)
     engine_args: dict[str, Any] = Field(default_factory=dict)
 

@@ -105,10 +105,11 @@ def test_bad_input_is_refused_up_front(served_app):
     assert too_long.status_code == 400 and "context" in too_long.text
 
 
-def test_replica_and_engine_run_at_nice_0_under_serve_env(served_app):
-    """serve.env's RAY_worker_niceness=0 reaches the raylet: the replicas and the vLLM engine processes they
-    start run at the niceness `serve run` was started with (this test's), not 15 above it, Ray's default (on a
-    CPU a niced engine loses its core to every process that wakes there). The engine is found as the replica's
+def test_engine_keeps_serve_runs_niceness_and_its_replica_yields_to_it(served_app):
+    """serve.env's RAY_worker_niceness=0 reaches the raylet: the vLLM engine processes a replica starts run at
+    the niceness `serve run` was started with (this test's), not 15 above it, Ray's default (on a CPU a niced
+    engine loses its cores to every process that wakes there). Once they are up, that replica's own threads
+    run at ``vllm.cpu_replica_niceness`` (19), below its engine. The engine is found as the replica's
     descendants: its process title is not reliably in comm."""
     _, env = served_app
     parent, comm = {}, {}
@@ -117,13 +118,21 @@ def test_replica_and_engine_run_at_nice_0_under_serve_env(served_app):
             stat = Path(f"/proc/{pid}/stat").read_text()
             comm[pid] = stat[stat.index("(") + 1 : stat.rindex(")")]
             parent[pid] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    serving = {pid for pid, name in comm.items() if name.startswith("ray::ServeRepli")}
-    replicas = set(serving)
-    while grown := {pid for pid, ppid in parent.items() if ppid in serving} - serving:
-        serving |= grown
-    assert serving - replicas, f"no process started by a replica ({replicas}) among {comm}"
-    niceness = {f"{pid} {comm[pid]}": os.getpriority(os.PRIO_PROCESS, pid) for pid in sorted(serving)}
-    assert niceness == dict.fromkeys(niceness, os.getpriority(os.PRIO_PROCESS, 0))
+    replicas = {pid for pid, name in comm.items() if name.startswith("ray::ServeRepli")}
+    engine: set[int] = set()
+    while grown := {pid for pid, ppid in parent.items() if ppid in replicas | engine} - engine - replicas:
+        engine |= grown
+    llm_replicas = {ppid for pid, ppid in parent.items() if pid in engine and ppid in replicas}
+    assert engine and llm_replicas, f"no process started by a replica ({replicas}) among {comm}"
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    engine_niceness = {f"{pid} {comm[pid]}": os.getpriority(os.PRIO_PROCESS, pid) for pid in sorted(engine)}
+    assert engine_niceness == dict.fromkeys(engine_niceness, base)
+    replica_threads = {}
+    for pid in llm_replicas:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                replica_threads[f"{pid}/{tid} {comm[pid]}"] = os.getpriority(os.PRIO_PROCESS, int(tid))
+    assert replica_threads == dict.fromkeys(replica_threads, max(base, 19))
 
 
 def test_readme_deployment_handle_example_runs_as_written(served_app):

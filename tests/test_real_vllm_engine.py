@@ -24,7 +24,8 @@ def engine(loop):
     from serve_app.engines.vllm_engine import VLLMEngine
     from serve_app.models import prepare
 
-    engine = VLLMEngine(str(prepare()), VLLMSettings(max_model_len=1024))
+    # Built in the test process itself, which must not lower its own priority as a replica does.
+    engine = VLLMEngine(str(prepare()), VLLMSettings(max_model_len=1024, cpu_replica_niceness=0))
     yield engine
     loop.run_until_complete(engine.shutdown())
 
