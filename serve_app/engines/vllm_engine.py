@@ -133,7 +133,7 @@ class VLLMEngine(Engine):
             # chat bursts on 2 cores, 3 paired rounds: median TTFT 8.6-8.8 s with the replica at nice 0, 7.0-7.5 s
             # at 19, vllm serve 6.7-7.2 s (benchmarks/results/serving.md).
             yield_cores(settings.cpu_replica_niceness)
-            logger.info("replica process now at nice %d, below its engine's processes", settings.cpu_replica_niceness)
+            logger.info("this process now at nice %d, below its engine's processes", settings.cpu_replica_niceness)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a plain prompt (with the tokenizer's BOS, as vLLM's completion path adds it)."""
