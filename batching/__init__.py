@@ -6,13 +6,14 @@ A drop-in for ``flyte.extras``' batcher API (change only the import)::
 
 Two modes: *batch* (:class:`DynamicBatcher` / :class:`TokenBatcher`) cuts budgeted batches for engines that
 run static, padded batches; *continuous* (:class:`ContinuousBatcher`) admits records one by one under an
-in-flight budget and streams each record's outputs, for engines that batch continuously (vLLM).
+in-flight budget and streams each record's outputs, for engines that batch continuously (vLLM). Their
+statistics: :class:`BatchStats` (batches) and :class:`AdmissionStats` (admissions).
 
 Standard library only; ``batching.estimators.HFTokenCounter`` optionally uses ``transformers``.
 """
 
 from .batcher import DynamicBatcher
-from .continuous import ContinuousBatcher, RecordStream, peak_cost
+from .continuous import ContinuousBatcher
 from .errors import BatchCancelledError, BatcherError, BatcherStoppedError, QueueFullError
 from .protocols import (
     CostEstimator,
@@ -23,10 +24,13 @@ from .protocols import (
     TokenEstimator,
     TokenEstimatorFn,
 )
-from .stats import BatchStats
+from .record_stream import RecordStream
+from .scheduling import peak_cost
+from .stats import AdmissionStats, BatchStats
 from .token_batcher import TokenBatcher
 
 __all__ = [
+    "AdmissionStats",
     "BatchCancelledError",
     "BatchStats",
     "BatcherError",

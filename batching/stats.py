@@ -1,16 +1,14 @@
-"""Batcher statistics: the reference's ``BatchStats`` fields plus latency percentiles, queue state and
-padding waste, and the recorder that the batcher updates once per batch (not once per record)."""
+"""Statistics snapshots (``batcher.stats``): :class:`BatchStats` for batch mode (the reference's fields plus
+latency percentiles, queue state and padding waste), :class:`AdmissionStats` for continuous mode. The
+counters behind them live in :mod:`batching.recorders`."""
 
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["BatchStats", "StatsRecorder", "percentile"]
+__all__ = ["AdmissionStats", "BatchStats", "percentile"]
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -24,21 +22,39 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
+class _Snapshot:
+    """``utilization`` and ``to_dict()``, for the snapshot dataclasses."""
+
+    busy_time_s: float
+    idle_time_s: float
+
+    @property
+    def utilization(self) -> float:
+        """Fraction of running time with work inside ``process_fn`` (0.0-1.0)."""
+        total = self.busy_time_s + self.idle_time_s
+        return self.busy_time_s / total if total > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain ``dict`` of every field plus ``utilization``, for JSON and metrics export."""
+        data = asdict(self)  # type: ignore[call-overload]
+        data["utilization"] = self.utilization
+        return data
+
+
 @dataclass
-class BatchStats:
-    """A snapshot of a batcher's statistics (``batcher.stats``).
+class BatchStats(_Snapshot):
+    """A snapshot of a batch-mode batcher's statistics (:class:`~batching.DynamicBatcher`'s ``stats``).
 
     The first eight fields are the reference's. ``total_completed`` counts records that went through
     ``process_fn`` (their futures resolved with a result or an error); ``total_failed`` is the part of those
     that got an error; ``total_cancelled`` counts records whose caller cancelled them before their batch
     started (never processed). Once the batcher is idle:
-    ``total_submitted == total_completed + total_cancelled``.
+    ``total_submitted == total_completed + total_cancelled``. ``utilization`` is the fraction of running
+    time with at least one batch inside ``process_fn``.
 
-    The continuous batcher (:class:`~batching.ContinuousBatcher`) counts each admitted record as a batch of
-    one and fills the admission fields: ``in_flight_cost`` of ``budget`` now, ``budget_occupancy`` (their
-    ratio) and its time average ``mean_budget_occupancy``, and time to first output percentiles (from
-    submission to the record's first streamed output). There, ``total_cancelled`` also counts records
-    withdrawn while they ran.
+    ``in_flight_cost``, ``budget``, ``budget_occupancy``, ``mean_budget_occupancy`` and the
+    ``first_output_*`` percentiles are kept for compatibility and stay 0 in batch mode; the continuous
+    batcher reports them in :class:`AdmissionStats`.
     """
 
     total_submitted: int = 0
@@ -70,166 +86,47 @@ class BatchStats:
     first_output_p95_s: float = 0.0
     first_output_p99_s: float = 0.0
 
-    @property
-    def utilization(self) -> float:
-        """Fraction of running time with at least one batch inside ``process_fn`` (0.0-1.0)."""
-        total = self.busy_time_s + self.idle_time_s
-        return self.busy_time_s / total if total > 0 else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        """A plain ``dict`` of every field plus ``utilization``, for JSON and metrics export."""
-        data = asdict(self)
-        data["utilization"] = self.utilization
-        return data
+@dataclass
+class AdmissionStats(_Snapshot):
+    """A snapshot of a continuous batcher's statistics (:class:`~batching.ContinuousBatcher`'s ``stats``).
 
+    Records are admitted into ``process_fn`` one by one, so there are no batches: ``total_admitted`` counts
+    records that entered ``process_fn`` and ``total_admitted_cost`` sums their costs. ``total_completed``
+    counts records that ended with their result or an error after running (``total_failed`` is the part
+    with an error); ``total_cancelled`` counts records withdrawn while queued or running. Once the batcher
+    is idle: ``total_submitted == total_completed + total_cancelled``.
 
-class StatsRecorder:
-    """Mutable counters behind :class:`BatchStats`; the batcher calls it once per batch."""
+    ``budget_occupancy`` is ``in_flight_cost / budget`` now, ``mean_budget_occupancy`` its average over the
+    running time. ``mean_in_flight`` averages the number of records in flight over the time at least one
+    was (``busy_time_s``): the continuous analogue of a batch size (``mean_in_flight * utilization`` is the
+    average over all the running time). ``utilization`` is the fraction of running time with at least one
+    record in flight. Queue waits run from submission to admission, latencies from submission to the
+    record's end, first outputs from submission to its first output.
+    """
 
-    def __init__(self, latency_samples: int = 10_000) -> None:
-        self.completed = 0
-        self.failed = 0
-        self.cancelled = 0
-        self.batches = 0
-        self.batch_records = 0
-        self.batch_cost = 0
-        self.oversized = 0
-        self.padding_sum = 0.0
-        self.queue_waits: deque[float] = deque(maxlen=latency_samples)
-        self.latencies: deque[float] = deque(maxlen=latency_samples)
-        self.first_outputs: deque[float] = deque(maxlen=latency_samples)
-        self._occupancy = 0.0
-        self._occupancy_area = 0.0
-        self._occupancy_since = time.monotonic()
-        self._started_at: float | None = None
-        self._stopped_at: float | None = None
-        self._busy = 0.0
-        self._active = 0
-        self._active_since = 0.0
-
-    def start(self) -> None:
-        """Start (or restart) the running clock that utilization is measured against."""
-        now = time.monotonic()
-        if self._started_at is None:
-            self._started_at = now
-        elif self._stopped_at is not None:  # restarted: do not count the stopped gap as idle
-            self._started_at += now - self._stopped_at
-        self._stopped_at = None
-
-    def stop(self) -> None:
-        """Freeze the running clock."""
-        self._stopped_at = time.monotonic()
-
-    def batch_started(self, costs: list[int], now: float, enqueued_at: Iterable[float]) -> None:
-        """Count a batch entering ``process_fn`` at ``now``: its records' costs and enqueue times."""
-        total = sum(costs)
-        largest = max(costs)
-        self.batches += 1
-        self.batch_records += len(costs)
-        self.batch_cost += total
-        if largest > 0:
-            self.padding_sum += 1.0 - total / (len(costs) * largest)
-        self.queue_waits.extend([now - t for t in enqueued_at])
-        if self._active == 0:
-            self._active_since = time.monotonic()
-        self._active += 1
-
-    def batch_finished(self, completed: int, failed: int, now: float, enqueued_at: Iterable[float]) -> None:
-        """Count a batch leaving ``process_fn`` at ``now``: records resolved, failed, and enqueue times."""
-        self.completed += completed
-        self.failed += failed
-        self.latencies.extend([now - t for t in enqueued_at])
-        self._active -= 1
-        if self._active == 0:
-            self._busy += time.monotonic() - self._active_since
-
-    # -- Continuous admission: one record at a time -------------------------------------------------------
-
-    def _occupancy_to(self, occupancy: float) -> None:
-        now = time.monotonic()
-        if self._stopped_at is None:
-            self._occupancy_area += self._occupancy * (now - self._occupancy_since)
-        self._occupancy_since = now
-        self._occupancy = occupancy
-
-    def admitted(self, cost: int, waited: float, occupancy: float) -> None:
-        """Count a record admitted after ``waited`` seconds; ``occupancy``: in-flight cost / budget now."""
-        self.batches += 1
-        self.batch_records += 1
-        self.batch_cost += cost
-        self.queue_waits.append(waited)
-        if self._active == 0:
-            self._active_since = time.monotonic()
-        self._active += 1
-        self._occupancy_to(occupancy)
-
-    def released(self, occupancy: float) -> None:
-        """Count a record leaving the engine (finished, failed or withdrawn)."""
-        self._active -= 1
-        if self._active == 0:
-            self._busy += time.monotonic() - self._active_since
-        self._occupancy_to(occupancy)
-
-    def record_finished(self, failed: bool, latency: float) -> None:
-        """Count a record whose future or stream ended with its result (or its error)."""
-        self.completed += 1
-        self.failed += failed
-        self.latencies.append(latency)
-
-    def first_output(self, seconds: float) -> None:
-        """Count a record's first streamed output, ``seconds`` after it was submitted."""
-        self.first_outputs.append(seconds)
-
-    def snapshot(
-        self,
-        queue_depth: int,
-        queued_cost: int,
-        in_flight: int,
-        in_flight_cost: int = 0,
-        budget: int = 0,
-        submitted: int | None = None,
-    ) -> BatchStats:
-        """Build a :class:`BatchStats` from the counters and the batcher's current queue state."""
-        now = time.monotonic()
-        end = self._stopped_at if self._stopped_at is not None else now
-        busy = self._busy + (now - self._active_since if self._active else 0.0)
-        elapsed = end - self._started_at if self._started_at is not None else 0.0
-        waits = sorted(self.queue_waits)
-        lat = sorted(self.latencies)
-        first = sorted(self.first_outputs)
-        batches = self.batches
-        area = self._occupancy_area
-        if self._stopped_at is None:
-            area += self._occupancy * (now - self._occupancy_since)
-        return BatchStats(
-            total_submitted=submitted
-            if submitted is not None
-            else self.completed + self.cancelled + queue_depth + in_flight,
-            total_completed=self.completed,
-            total_batches=batches,
-            total_batch_cost=self.batch_cost,
-            avg_batch_size=self.batch_records / batches if batches else 0.0,
-            avg_batch_cost=self.batch_cost / batches if batches else 0.0,
-            busy_time_s=busy,
-            idle_time_s=max(0.0, elapsed - busy),
-            total_failed=self.failed,
-            total_cancelled=self.cancelled,
-            total_oversized=self.oversized,
-            queue_depth=queue_depth,
-            queued_cost=queued_cost,
-            in_flight=in_flight,
-            padding_waste=self.padding_sum / batches if batches else 0.0,
-            queue_wait_p50_s=percentile(waits, 50),
-            queue_wait_p95_s=percentile(waits, 95),
-            queue_wait_p99_s=percentile(waits, 99),
-            latency_p50_s=percentile(lat, 50),
-            latency_p95_s=percentile(lat, 95),
-            latency_p99_s=percentile(lat, 99),
-            in_flight_cost=in_flight_cost,
-            budget=budget,
-            budget_occupancy=in_flight_cost / budget if budget else 0.0,
-            mean_budget_occupancy=area / elapsed if elapsed > 0 else 0.0,
-            first_output_p50_s=percentile(first, 50),
-            first_output_p95_s=percentile(first, 95),
-            first_output_p99_s=percentile(first, 99),
-        )
+    total_submitted: int = 0
+    total_admitted: int = 0
+    total_completed: int = 0
+    total_failed: int = 0
+    total_cancelled: int = 0
+    total_admitted_cost: int = 0
+    queue_depth: int = 0
+    queued_cost: int = 0
+    in_flight: int = 0
+    in_flight_cost: int = 0
+    budget: int = 0
+    budget_occupancy: float = 0.0
+    mean_budget_occupancy: float = 0.0
+    mean_in_flight: float = 0.0
+    busy_time_s: float = 0.0
+    idle_time_s: float = 0.0
+    queue_wait_p50_s: float = 0.0
+    queue_wait_p95_s: float = 0.0
+    queue_wait_p99_s: float = 0.0
+    latency_p50_s: float = 0.0
+    latency_p95_s: float = 0.0
+    latency_p99_s: float = 0.0
+    first_output_p50_s: float = 0.0
+    first_output_p95_s: float = 0.0
+    first_output_p99_s: float = 0.0

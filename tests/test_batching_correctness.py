@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -16,17 +17,28 @@ async def echo(batch: list) -> list:
     return list(batch)
 
 
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait until ``condition()`` holds (polling the event loop); fail if it has not within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition never became true")
+        await asyncio.sleep(0.001)
+
+
+def blocked_producers(batcher: DynamicBatcher) -> int:
+    """How many producers wait in ``submit`` for a place in the full queue."""
+    return len(batcher._admission._waiters)
+
+
 class Recorder:
     """An async process_fn that records every batch it gets (as lists of records)."""
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self) -> None:
         self.batches: list[list] = []
-        self.delay = delay
 
     async def __call__(self, batch: list) -> list:
         self.batches.append(list(batch))
-        if self.delay:
-            await asyncio.sleep(self.delay)
         return list(batch)
 
 
@@ -181,52 +193,118 @@ async def test_cancelled_future_is_dropped_before_its_batch():
 
 
 async def test_cancelling_a_waiting_caller_drops_its_record():
-    process = Recorder(delay=0.05)
-    async with DynamicBatcher(process, max_batch_size=1, batch_timeout_s=0) as batcher:
-        first = await batcher.submit("first")  # occupies process_fn for 50 ms
+    release = asyncio.Event()
+    batches: list[list] = []
+
+    async def gated(batch):
+        batches.append(list(batch))
+        await release.wait()
+        return batch
+
+    async with DynamicBatcher(gated, max_batch_size=1, batch_timeout_s=0) as batcher:
+        first = await batcher.submit("first")  # occupies process_fn until released
+        await until(lambda: batches == [["first"]])
 
         async def caller(x):
             return await (await batcher.submit(x))
 
         waiting = asyncio.ensure_future(caller("gone"))
-        await asyncio.sleep(0.01)
+        await until(lambda: batcher.stats.total_submitted == 2)  # "gone" is queued; its caller awaits it
         waiting.cancel()
+        release.set()
         assert await first == "first"
         assert await (await batcher.submit("after")) == "after"
-    assert ["gone"] not in process.batches
+    assert batches == [["first"], ["after"]]
+    assert batcher.stats.total_cancelled == 1
 
 
 async def test_cancelled_queued_records_give_back_their_places_at_once():
     """A full queue whose records were cancelled takes new ones without waiting for the busy engine."""
     release = asyncio.Event()
+    entered = asyncio.Event()
 
     async def stuck(batch):
+        entered.set()
         await release.wait()
         return batch
 
     options = {"max_batch_size": 2, "batch_timeout_s": 0, "max_queue_size": 4, "prefetch_batches": 1}
     async with DynamicBatcher(stuck, **options) as batcher:
         asyncio.get_running_loop().call_later(5, release.set)  # a failed assertion must not hang the exit
-        running = await batcher.submit_batch(["a", "b"])  # in process_fn, which waits
-        await asyncio.sleep(0.01)
-        prefetched = await batcher.submit_batch(["c", "d"])  # cut early into the prefetch buffer
-        await asyncio.sleep(0.01)
+        running = await batcher.submit_batch(["a", "b"])
+        await entered.wait()  # "a" and "b" are in process_fn, which waits
+        prefetched = await batcher.submit_batch(["c", "d"])
+        await until(lambda: batcher.stats.in_flight == 4)  # "c" and "d" were cut early into the prefetch buffer
         queued = batcher.submit_batch_nowait(["e", "f", "g", "h"])  # the queue is full now
         with pytest.raises(QueueFullError):
             batcher.submit_nowait("i")
         for future in queued[:3]:
             future.cancel()
-        await asyncio.sleep(PURGE_INTERVAL_S)  # a full queue is rescanned for cancelled records this often
-        late = batcher.submit_batch_nowait(["j", "k", "l"])  # the cancelled places are free again
+        stats = batcher.stats
+        assert stats.queue_depth == 1 and stats.queued_cost == 1 and stats.total_cancelled == 3
+        # A full queue is rescanned for cancelled records at most every PURGE_INTERVAL_S: once it has been,
+        # the cancelled places are free again, while the engine still holds "a" and "b".
+        late = await retry_while_full(lambda: batcher.submit_batch_nowait(["j", "k", "l"]), PURGE_INTERVAL_S)
         waiter = asyncio.ensure_future(batcher.submit("m"))  # and the queue is full once more
-        await asyncio.sleep(0.01)
-        assert not waiter.done()
+        await until(lambda: blocked_producers(batcher) == 1)
+        assert not waiter.done() and not release.is_set()
         stats = batcher.stats
         assert stats.queue_depth == 4 and stats.total_cancelled == 3
         release.set()
         results = await asyncio.gather(*running, *prefetched, queued[3], *late, await waiter)
     assert results == ["a", "b", "c", "d", "h", "j", "k", "l", "m"]
     assert batcher.stats.total_submitted == batcher.stats.total_completed + 3
+
+
+async def retry_while_full(submit: Callable[[], list], interval: float, timeout: float = 5.0) -> list:
+    """``submit()`` once the queue takes it, trying every ``interval`` s; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return submit()
+        except QueueFullError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(interval / 5)
+
+
+async def test_reading_stats_leaves_the_queue_as_it_was():
+    """``stats`` is a pure read: it neither drops cancelled records from the queue nor changes the batches."""
+
+    async def run(read_stats: bool) -> list[list[str]]:
+        release = asyncio.Event()
+        batches: list[list[str]] = []
+
+        async def gated(batch):
+            batches.append(list(batch))
+            await release.wait()
+            return batch
+
+        async with DynamicBatcher(gated, max_batch_size=2, batch_timeout_s=0, prefetch_batches=1) as batcher:
+            asyncio.get_running_loop().call_later(5, release.set)  # a failed assertion must not hang the exit
+            first = await batcher.submit("first")
+            await until(lambda: batches == [["first"]])
+            futures = await batcher.submit_batch(["a", "b", "c", "d", "e", "f"])
+            await until(lambda: len(batcher._queue) == 4)  # "a" and "b" are prefetched; c, d, e, f queued
+            futures[3].cancel()  # "d"
+            futures[4].cancel()  # "e"
+            queue = batcher._queue
+            before = list(queue)
+            if read_stats:
+                stats = batcher.stats
+                assert stats.queue_depth == 2 and stats.queued_cost == 2 and stats.total_cancelled == 2
+                assert stats.total_submitted == 7 and stats.in_flight == 3
+            assert batcher._queue is queue and len(queue) == len(before)
+            assert all(now is then for now, then in zip(queue, before))
+            release.set()
+            await asyncio.gather(first, *futures, return_exceptions=True)
+        stats = batcher.stats
+        assert stats.total_cancelled == 2 and stats.total_completed == 5 and stats.total_submitted == 7
+        return batches
+
+    # Unread, the cancelled records keep their places until their batch is cut, and leave it then.
+    assert await run(read_stats=False) == [["first"], ["a", "b"], ["c"], ["f"]]
+    assert await run(read_stats=True) == [["first"], ["a", "b"], ["c"], ["f"]]
 
 
 # 6. Whatever process_fn raises resolves the batch ----------------------------------------------------
@@ -262,13 +340,16 @@ async def test_any_exception_resolves_every_future(exc):
 
 
 async def test_stop_with_timeout_aborts_a_hung_process_fn():
+    entered = asyncio.Event()
+
     async def hang(batch):
+        entered.set()
         await asyncio.Event().wait()
 
     batcher = DynamicBatcher(hang, batch_timeout_s=0.001, max_batch_size=2)
     await batcher.start()
     futures = await batcher.submit_batch(list(range(5)))
-    await asyncio.sleep(0.01)
+    await entered.wait()
     await asyncio.wait_for(batcher.stop(timeout=0.05), timeout=10)
     assert not batcher.is_running
     assert all(f.done() and isinstance(f.exception(), BatcherStoppedError) for f in futures)
@@ -330,23 +411,25 @@ async def test_max_concurrent_batches_bounds_batches_inside_process_fn(concurren
 
 async def test_submit_waits_when_the_queue_is_full_and_nowait_raises():
     release = asyncio.Event()
+    entered = asyncio.Event()
 
     async def gated(batch):
+        entered.set()
         await release.wait()
         return batch
 
     async with DynamicBatcher(gated, max_batch_size=1, max_queue_size=2, batch_timeout_s=0, prefetch_batches=1) as b:
-        first = await b.submit(0)  # taken by the processing loop
-        await asyncio.sleep(0.01)
-        await b.submit(1)  # prefetched as a full batch
-        await asyncio.sleep(0.01)
+        first = await b.submit(0)
+        await entered.wait()  # taken by the processing loop
+        await b.submit(1)
+        await until(lambda: b.stats.in_flight == 2)  # prefetched as a full batch
         queued = [await b.submit(2), await b.submit(3)]  # fills the queue
         with pytest.raises(QueueFullError, match="max_queue_size=2"):
             b.submit_nowait(4)
         with pytest.raises(QueueFullError):
             b.submit_batch_nowait([4])
         blocked = asyncio.ensure_future(b.submit(4))
-        await asyncio.sleep(0.02)
+        await until(lambda: blocked_producers(b) == 1)
         assert not blocked.done()  # backpressure: the producer waits
         release.set()
         fut4 = await asyncio.wait_for(blocked, 5)
@@ -364,9 +447,9 @@ async def test_stop_refuses_producers_blocked_on_a_full_queue():
     await batcher.start()
     accepted = [await batcher.submit(i) for i in range(3)]
     blocked = asyncio.ensure_future(batcher.submit(99))
-    await asyncio.sleep(0.01)
+    await until(lambda: blocked_producers(batcher) == 1)
     stopping = asyncio.ensure_future(batcher.stop())
-    await asyncio.sleep(0.01)
+    await until(blocked.done)  # stop() began: the waiting producer is refused
     with pytest.raises(BatcherStoppedError):
         await blocked
     with pytest.raises(BatcherStoppedError):

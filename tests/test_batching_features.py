@@ -114,7 +114,10 @@ async def test_stats_snapshot_reports_queue_latency_and_exports_a_plain_dict():
         gated, max_batch_size=2, batch_timeout_s=0.001, cost_estimator=lambda r: 10, prefetch_batches=1
     ) as batcher:
         futures = await batcher.submit_batch(list(range(8)))
-        await asyncio.sleep(0.02)
+        for _ in range(5_000):  # until one batch is in process_fn and one prefetched (or fail below)
+            if batcher.stats.in_flight == 4:
+                break
+            await asyncio.sleep(0.001)
         busy = batcher.stats
         assert busy.in_flight == 4  # one batch in process_fn, one prefetched
         assert busy.queue_depth == 4 and busy.queued_cost == 40

@@ -3,14 +3,15 @@
 Focused tests plus hypothesis properties. The engines here are fakes that step on event-loop ticks
 (``asyncio.sleep(0)``) or on events the test sets; what is asserted is measured by the fakes themselves
 (cost and count inside ``process_fn``, start order), not read back from the batcher. No wall-clock
-thresholds: the few tiny sleeps only let a ``max_wait_s`` deadline pass.
+thresholds: the few tiny sleeps only let a ``max_wait_s`` deadline pass, and the time averages in the
+statistics are checked over phases of a tenth of a second, with wide margins.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batching import (
+    AdmissionStats,
     BatcherStoppedError,
     ContinuousBatcher,
     QueueFullError,
@@ -546,6 +548,16 @@ async def test_stop_drains_queued_and_running_records():
     assert stats.total_completed == stats.total_submitted == 9 and stats.total_cancelled == 0
 
 
+async def test_two_stops_at_once_both_return_once_the_work_is_drained():
+    engine = FakeEngine()
+    batcher = ContinuousBatcher(engine.generate, max_inflight_cost=10, max_inflight=1)
+    await batcher.start()
+    futures = [batcher.submit_nowait(Req(f"r{i}", 4, tokens=2)) for i in range(3)]
+    first, second = asyncio.ensure_future(batcher.stop()), asyncio.ensure_future(batcher.stop())
+    await asyncio.wait_for(asyncio.gather(first, second), 10)  # the first used to wait forever
+    assert not batcher.is_running and [f.result() for f in futures] == [f"r{i}:1" for i in range(3)]
+
+
 async def test_stop_with_timeout_ends_stuck_records_with_batcher_stopped_error():
     engine = FakeEngine()
     batcher = ContinuousBatcher(engine.generate, max_inflight_cost=10)
@@ -573,7 +585,7 @@ async def test_stop_with_timeout_ends_stuck_records_with_batcher_stopped_error()
     assert stats.total_submitted == 4 == stats.total_completed + stats.total_cancelled
     assert stats.total_cancelled == 2  # the queued two: never admitted, not even while stop() withdrew the rest
     assert stats.total_failed == stats.total_completed == 2  # the stuck two ended with BatcherStoppedError
-    assert stats.total_batches == 2
+    assert stats.total_admitted == 2 and stats.total_admitted_cost == 10  # the stuck two entered process_fn
 
 
 async def test_stop_fails_producers_waiting_on_a_full_queue_and_refuses_new_records():
@@ -807,14 +819,103 @@ async def test_stats_for_streamed_records():
     assert all(0 <= o <= 1 for o in occupancy) and max(occupancy) > 0.5
     assert 0 < stats.utilization <= 1
     assert 0 < stats.first_output_p50_s <= stats.first_output_p95_s <= stats.first_output_p99_s
-    assert stats.latency_p50_s > 0 and stats.queue_wait_p50_s >= 0
+    # 9 of the 12 waited in the queue for a place (3 in flight at most); nobody waited longer than it took.
+    assert 0 < stats.queue_wait_p50_s <= stats.queue_wait_p95_s <= stats.queue_wait_p99_s
+    assert stats.queue_wait_p50_s < stats.first_output_p50_s <= stats.latency_p50_s
+    assert stats.queue_wait_p99_s < stats.first_output_p99_s <= stats.latency_p99_s
     assert 0 < stats.mean_budget_occupancy <= 1
     assert stats.in_flight == 0 and stats.in_flight_cost == 0 and stats.budget_occupancy == 0
     assert stats.budget == 12
     assert stats.total_submitted == 12 == stats.total_completed + stats.total_cancelled
-    assert stats.total_batches == 12 and stats.avg_batch_size == 1
-    assert stats.total_batch_cost == sum(1 + i % 5 for i in range(12))
+    assert stats.total_admitted == 12
+    assert stats.total_admitted_cost == sum(1 + i % 5 for i in range(12))
+    assert 1 < stats.mean_in_flight < 3.001  # never more than max_inflight=3, more than one most of the time
     assert engine.max_count <= 3
+
+
+ADMISSION_FIELDS = [
+    "total_submitted",
+    "total_admitted",
+    "total_completed",
+    "total_failed",
+    "total_cancelled",
+    "total_admitted_cost",
+    "queue_depth",
+    "queued_cost",
+    "in_flight",
+    "in_flight_cost",
+    "budget",
+    "budget_occupancy",
+    "mean_budget_occupancy",
+    "mean_in_flight",
+    "busy_time_s",
+    "idle_time_s",
+    "queue_wait_p50_s",
+    "queue_wait_p95_s",
+    "queue_wait_p99_s",
+    "latency_p50_s",
+    "latency_p95_s",
+    "latency_p99_s",
+    "first_output_p50_s",
+    "first_output_p95_s",
+    "first_output_p99_s",
+]
+
+
+def test_admission_stats_has_its_fields_in_order_and_exports_them():
+    assert [f.name for f in fields(AdmissionStats)] == ADMISSION_FIELDS
+    stats = AdmissionStats(busy_time_s=3.0, idle_time_s=1.0, mean_in_flight=2.5)
+    assert stats.utilization == 0.75 and AdmissionStats().utilization == 0.0
+    exported = stats.to_dict()
+    assert list(exported) == [*ADMISSION_FIELDS, "utilization"]
+    assert exported["utilization"] == 0.75 and exported["mean_in_flight"] == 2.5
+
+
+async def test_admission_stats_count_what_entered_process_fn_and_its_cost():
+    engine = FakeEngine()
+    async with ContinuousBatcher(engine.generate, max_inflight_cost=10) as batcher:
+        first = batcher.submit_nowait(Req("first", 6, hold=True))
+        running = batcher.stream_nowait(Req("running", 3, hold=True))  # fits beside "first": 9 of 10
+        queued = batcher.submit_nowait(Req("queued", 8))  # does not fit: waits
+        last = batcher.submit_nowait(Req("last", 1))  # would fit, but FIFO keeps it behind "queued"
+        assert isinstance(batcher.stats, AdmissionStats)
+        await until(lambda: engine.started == ["first", "running"])
+        stats = batcher.stats
+        assert (stats.total_submitted, stats.total_admitted, stats.total_admitted_cost) == (4, 2, 9)
+        assert (stats.queue_depth, stats.queued_cost, stats.in_flight, stats.in_flight_cost) == (2, 9, 2, 9)
+        assert stats.budget == 10 and stats.budget_occupancy == 0.9
+        queued.cancel()  # withdrawn while queued: never admitted, so "last" is admitted in its place
+        await until(lambda: "last" in engine.started)
+        await running.aclose()  # withdrawn while running: it was admitted, and its cost counted
+        engine.release("first")
+        assert await asyncio.gather(first, last) == ["first:0", "last:0"]
+    stats = batcher.stats
+    assert engine.started == ["first", "running", "last"]
+    assert (stats.total_submitted, stats.total_admitted, stats.total_admitted_cost) == (4, 3, 6 + 3 + 1)
+    assert (stats.total_completed, stats.total_cancelled, stats.total_failed) == (2, 2, 0)
+
+
+async def test_mean_in_flight_is_the_time_average_of_records_in_flight_while_any_are():
+    """Four records in flight for a phase, then nothing for as long, then two for a phase: 3 on average
+    over the busy time (not 2 over the whole running time, nor 2.17 over the admissions)."""
+    phase = 0.1
+    engine = FakeEngine()
+    async with ContinuousBatcher(engine.generate, max_inflight=8) as batcher:
+        for size, tag in ((4, "a"), (2, "b")):
+            names = [f"{tag}{i}" for i in range(size)]
+            futures = batcher.submit_batch_nowait([Req(name, 1, hold=True) for name in names])
+            await until(lambda size=size: len(engine.running) == size)
+            await asyncio.sleep(phase)  # the engine works on them: what is averaged
+            engine.release(*names)
+            await asyncio.gather(*futures)
+            assert batcher.stats.in_flight == 0
+            await asyncio.sleep(phase)  # idle
+        stats = batcher.stats
+    assert stats.total_admitted == 6 and engine.max_count == 4
+    assert stats.mean_in_flight == pytest.approx(3, abs=0.25)
+    assert 2 * phase <= stats.busy_time_s < 3 * phase
+    assert stats.idle_time_s >= 2 * phase
+    assert stats.utilization == pytest.approx(stats.busy_time_s / (stats.busy_time_s + stats.idle_time_s))
 
 
 # 9. Streams ------------------------------------------------------------------------------------------------------

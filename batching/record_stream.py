@@ -1,0 +1,89 @@
+"""``RecordStream``: one continuous-batcher record's outputs, in order, as the engine produces them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Generic
+
+from .protocols import ResultT
+
+__all__ = ["RecordStream"]
+
+_END = object()
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class RecordStream(Generic[ResultT]):
+    """One record's outputs, in order, as the engine produces them; ends exactly once.
+
+    Iterate it (``async for``); it raises the processing error if the record failed, or
+    :class:`~batching.BatcherStoppedError` if the batcher stopped before it ran. ``aclose()`` (also on leaving
+    ``async with``) withdraws the record: from the queue if it has not started, else by cancelling its run,
+    which frees its cost at once.
+    """
+
+    __slots__ = ("_buffer", "_cancel", "_ended", "_waiter")
+
+    def __init__(self, cancel: Callable[[], None]) -> None:
+        self._buffer: deque[Any] = deque()
+        self._waiter: asyncio.Future | None = None
+        self._ended = False
+        self._cancel = cancel
+
+    # -- producer side (the batcher) ----------------------------------------------------------------
+
+    def _push(self, item: Any) -> None:
+        if self._ended:
+            return
+        self._buffer.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _end(self, error: BaseException | None = None) -> None:
+        if not self._ended:
+            self._push(_END if error is None else _Failure(error))
+            self._ended = True
+
+    # -- consumer side ------------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Whether the stream has ended (finished, failed or withdrawn)."""
+        return self._ended
+
+    def __aiter__(self) -> RecordStream[ResultT]:
+        return self
+
+    async def __anext__(self) -> ResultT:
+        while not self._buffer:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._buffer[0]
+        if item is _END:
+            raise StopAsyncIteration
+        if isinstance(item, _Failure):
+            raise item.error
+        self._buffer.popleft()
+        return item
+
+    async def aclose(self) -> None:
+        """Withdraw the record if it has not finished (idempotent)."""
+        if not self._ended:
+            self._cancel()
+
+    async def __aenter__(self) -> RecordStream[ResultT]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
