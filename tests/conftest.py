@@ -75,6 +75,17 @@ def batcher_is(handle: Any, key: str, test) -> Any:
     return check
 
 
+async def per_replica_stats(handle: Any, replicas: int, timeout: float = 30) -> dict[str, dict[str, Any]]:
+    """Each live replica's ``stats()``, by replica id (calls land on random replicas until all have answered)."""
+    seen: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while len(seen) < replicas:
+        assert time.monotonic() < deadline, f"only {len(seen)} of {replicas} replicas answered stats()"
+        stats = await handle.stats.remote()
+        seen[stats["replica"]["replica_id"]] = stats
+    return seen
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface."""
     with socket.socket() as sock:

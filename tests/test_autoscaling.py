@@ -7,7 +7,7 @@ metrics, and a deployment it scales up on token load that ongoing requests would
 Apps run the SIMULATED engine with a real cost per decode step, so a replica stays busy while it holds
 work. Serve's metric pipeline runs faster here than shipped (reports every 1 s over a 3 s window, 1 s
 upscale and 8 s downscale delays) so the module takes about 2 minutes; the figures (time to scale up and
-down) go to ``FIGURES`` and the README's Reliability table. Nothing asserts a wall-clock threshold: only
+down) go to ``FIGURES`` and docs/reliability.md's tables. Nothing asserts a wall-clock threshold: only
 replica counts reached within generous timeouts, and the reconciliation of requests.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from benchmarks.run import percentile
-from serve_app.autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD, TokenAutoscalingPolicy, replica_load
+from serve_app.serving.autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD, TokenAutoscalingPolicy, replica_load
 
-from .conftest import FIGURES, RowsInThread, wait_for
+from .conftest import FIGURES, RowsInThread, per_replica_stats, wait_for
 
 FAST_METRICS = {"metrics_interval_s": 1.0, "look_back_period_s": 3.0, "upscale_delay_s": 1.0, "downscale_delay_s": 8.0}
 """Serve's autoscaling loop, sped up for tests (shipped values: serve_config.yaml)."""
@@ -117,9 +117,9 @@ def test_policy_falls_back_to_ongoing_requests_until_replicas_report_tokens():
 
 
 def test_replica_load_counts_queued_and_in_flight_tokens_in_both_batcher_modes():
-    from batching import BatchStats
+    from batching import AdmissionStats, BatchStats
 
-    continuous = BatchStats(queued_cost=3_000, queue_depth=12, in_flight=4, in_flight_cost=1_000, budget=8_192)
+    continuous = AdmissionStats(queued_cost=3_000, queue_depth=12, in_flight=4, in_flight_cost=1_000, budget=8_192)
     assert replica_load(continuous, batch_budget=99) == {TOKEN_LOAD: 4_000.0, TOKEN_BUDGET: 8_192.0, PROMPTS: 16.0}
     # batch mode tracks records in flight, not their cost: priced at the mean cost per record so far
     batch = BatchStats(queued_cost=500, queue_depth=5, in_flight=10, avg_batch_size=20.0, avg_batch_cost=2_000.0)
@@ -138,7 +138,7 @@ def test_metric_tokens_selects_the_policy_and_bad_settings_fail_naming_the_field
     tokens = AppConfig(engine="simulated", autoscaling={"metric": "tokens", "target_tokens": 5_000})
     scaling = deployment_options(tokens)["autoscaling_config"]
     policy = AutoscalingConfig(**scaling).policy  # what Serve builds: it imports and pickles the class
-    assert policy.policy_function == "serve_app.autoscaling:TokenAutoscalingPolicy"
+    assert policy.policy_function == "serve_app.serving.autoscaling:TokenAutoscalingPolicy"
     assert policy.policy_kwargs == {"target_tokens": 5_000} and policy.get_policy() is TokenAutoscalingPolicy
     for bad, field in [
         ({"metric": "kv"}, "metric"),
@@ -195,17 +195,6 @@ class ReplicaTimeline:
         return max((r for _, r, _ in self.points), default=0)
 
 
-async def per_replica_stats(handle: Any, replicas: int, timeout: float = 30) -> dict[str, dict[str, Any]]:
-    """Each live replica's ``stats()``, by replica id (calls land on random replicas until all have answered)."""
-    seen: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout
-    while len(seen) < replicas:
-        assert time.monotonic() < deadline, f"only {len(seen)} of {replicas} replicas answered stats()"
-        stats = await handle.stats.remote()
-        seen[stats["replica"]["replica_id"]] = stats
-    return seen
-
-
 async def http_clients(url: str, clients: int, stop: asyncio.Event, max_tokens: int) -> list[dict[str, Any]]:
     """``clients`` closed-loop clients POSTing one tagged prompt at a time to /generate until ``stop``."""
     import aiohttp
@@ -250,7 +239,12 @@ async def test_sustained_http_load_scales_1_to_2_and_back_with_every_request_ans
         )
         await wait_for(lambda: timeline.running() == 2 or load.done(), 120, "a second replica under load")
         scaled_up = time.monotonic() - started
-        await asyncio.sleep(3)  # both replicas serve
+
+        async def both_serve() -> bool:
+            replicas = await per_replica_stats(handle, 2)
+            return all(s["engine_stats"]["requests"] > 0 for s in replicas.values())
+
+        await wait_for(both_serve, 60, "both replicas to serve requests")
         stop.set()
         outcomes = await load
         stopped = time.monotonic()

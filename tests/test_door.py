@@ -19,8 +19,8 @@ import pytest
 from fastapi import FastAPI, Request
 from pydantic import ValidationError
 
-from serve_app import door
-from serve_app.config import API_KEY_ENV, DEFAULT_MAX_REQUEST_BODY_BYTES, AppConfig, ServerConfig
+from serve_app.config import API_KEY_ENV, DEFAULT_MAX_REQUEST_BODY_BYTES, AppConfig, DeploymentConfig, EmbeddingConfig
+from serve_app.serving import door
 
 KEY = "sk-test-0123456789abcdef"
 LIMIT = 4096
@@ -37,29 +37,29 @@ def test_config_defaults_no_key_and_16_mib_and_the_key_never_shows():
     keyed = AppConfig(api_key=KEY)
     assert KEY not in repr(keyed) and KEY not in str(keyed.model_dump()) and KEY not in keyed.model_dump_json()
     assert AppConfig.model_validate(keyed.model_dump()).api_key.get_secret_value() == KEY  # survives build_app
-    assert issubclass(AppConfig, ServerConfig)
+    assert issubclass(AppConfig, DeploymentConfig) and issubclass(EmbeddingConfig, DeploymentConfig)
 
 
 def test_the_config_key_wins_over_the_environment_variable():
     env = {API_KEY_ENV: "from-env"}
-    assert ServerConfig(api_key="from-config").effective_api_key(env).get_secret_value() == "from-config"
-    assert ServerConfig().effective_api_key(env).get_secret_value() == "from-env"
-    assert ServerConfig().effective_api_key({}) is None
-    assert ServerConfig().effective_api_key({API_KEY_ENV: ""}) is None  # empty: unset
+    assert DeploymentConfig(api_key="from-config").effective_api_key(env).get_secret_value() == "from-config"
+    assert DeploymentConfig().effective_api_key(env).get_secret_value() == "from-env"
+    assert DeploymentConfig().effective_api_key({}) is None
+    assert DeploymentConfig().effective_api_key({API_KEY_ENV: ""}) is None  # empty: unset
 
 
 @pytest.mark.parametrize("bad", ["", "two words", "tab\there", "caf\u00e9", "line\nbreak"])
 def test_keys_no_client_could_send_are_refused(bad):
     with pytest.raises(ValidationError, match="api_key"):
-        ServerConfig(api_key=bad)
+        DeploymentConfig(api_key=bad)
     if bad:
         with pytest.raises(ValueError, match=API_KEY_ENV):
-            ServerConfig().effective_api_key({API_KEY_ENV: bad})
+            DeploymentConfig().effective_api_key({API_KEY_ENV: bad})
 
 
 def test_a_tiny_body_limit_is_refused():
     with pytest.raises(ValidationError, match="max_request_body_bytes"):
-        ServerConfig(max_request_body_bytes=16)
+        DeploymentConfig(max_request_body_bytes=16)
 
 
 # -- The middleware on a bare ASGI app -----------------------------------------------------------
@@ -98,7 +98,7 @@ def armed(app: Any, api_key: str | None = KEY, limit: int = LIMIT) -> door.Door:
     """A door in front of ``app``, configured as a replica would."""
     holder = FastAPI()
     door.install(holder)
-    door.configure(holder, ServerConfig(api_key=api_key, max_request_body_bytes=limit))
+    door.configure(holder, DeploymentConfig(api_key=api_key, max_request_body_bytes=limit))
     return door.Door(app, key=holder.state.door_key)
 
 
@@ -214,7 +214,7 @@ async def test_unit_chunked_bodies_are_counted_and_stopped_at_the_limit():
 async def test_unit_chunked_overflow_through_fastapi_is_413_not_fastapis_400():
     api = FastAPI()
     door.install(api)
-    door.configure(api, ServerConfig(max_request_body_bytes=LIMIT))
+    door.configure(api, DeploymentConfig(max_request_body_bytes=LIMIT))
     seen: list[int] = []
 
     @api.post("/echo")
@@ -251,7 +251,7 @@ async def test_unit_an_unconfigured_door_fails_closed():
     assert status == 503 and out[b"retry-after"] == b"1" and envelope(body, 503)
     assert app.calls == 0
     with pytest.raises(RuntimeError, match="install"):
-        door.configure(FastAPI(), ServerConfig())  # configure without install
+        door.configure(FastAPI(), DeploymentConfig())  # configure without install
     with pytest.raises(RuntimeError, match="already"):
         door.install(api)
 
@@ -299,7 +299,7 @@ def env_app(serve_instance):
     from ray import serve
 
     from serve_app.app import deployment_options
-    from serve_app.server import LLMServer
+    from serve_app.serving.llm import LLMServer
     from tests.conftest import SIMULATED_DEFAULTS
 
     config = AppConfig.model_validate(SIMULATED_DEFAULTS)
@@ -314,7 +314,7 @@ def env_app(serve_instance):
 
 def protected_routes() -> list[tuple[str, str]]:
     """Every (method, path) the LLM app serves but the health checks: a route added later is covered too."""
-    from serve_app.server import api
+    from serve_app.serving.llm import api
 
     routes = [
         (method, route.path)

@@ -55,7 +55,7 @@ async def test_padded_length_aware_batches_give_sentence_transformers_vectors_wi
     from serve_app.engines.encoder import EmbeddingRequest
 
     texts = long_tailed(300)
-    requests = [EmbeddingRequest(str(i), ids) for i, ids in enumerate(engine.tokenize(texts))]
+    requests = [EmbeddingRequest(str(i), ids) for i, ids in enumerate(await engine.tokenize(texts))]
     waste = {}
     for name, options in {
         "count-fifo": {"max_batch_size": 32, "target_batch_tokens": 10**9},
@@ -74,33 +74,33 @@ async def test_padded_length_aware_batches_give_sentence_transformers_vectors_wi
     assert waste["padded-length-aware"] < waste["count-fifo"] / 2, waste
 
 
-def test_inputs_are_checked_before_the_encoder(engine):
-    from serve_app.embeddings.config import EmbeddingConfig
-    from serve_app.embeddings.protocol import EmbeddingInputs
-    from serve_app.validation import RequestError
+async def test_inputs_are_checked_before_the_encoder(engine):
+    from serve_app.config import EmbeddingConfig
+    from serve_app.core.inputs import InputBuilder
+    from serve_app.errors import RequestError
 
-    inputs = EmbeddingInputs(engine, EmbeddingConfig(max_inputs_per_request=3))
+    inputs = InputBuilder(engine, EmbeddingConfig(max_inputs_per_request=3))
     too_long = "word " * 400
     for bad, words in [
-        ([], "must not be empty"),
+        ([], "no inputs provided"),
         (["fine", ""], "input[1]: must not be an empty string"),
-        (["a", "b", "c", "d"], "at most 3"),
+        (["a", "b", "c", "d"], "4 inputs in one request; at most 3"),
         ([too_long], "but this model reads at most 256"),
         ([[101, 10**6, 102]], "token ids must be integers in [0, 30522)"),
         (["bad \ud800"], "not valid Unicode"),
     ]:
         with pytest.raises(RequestError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-            inputs.requests(bad)
-    (full,) = inputs.requests([too_long], truncate=-1)
+            await inputs.requests(bad)
+    (full,) = await inputs.requests([too_long], truncate=-1)
     assert len(full.token_ids) == engine.max_length and full.token_ids[-1] == engine.tokenizer.sep_token_id
-    (short,) = inputs.requests([too_long], truncate=10)
+    (short,) = await inputs.requests([too_long], truncate=10)
     assert len(short.token_ids) == 10 and short.token_ids[0] == engine.tokenizer.cls_token_id
-    (ids,) = inputs.requests([[101, 7592, 102]])
+    (ids,) = await inputs.requests([[101, 7592, 102]])
     assert ids.token_ids == [101, 7592, 102]  # token ids are taken as given, as vLLM takes them
 
 
 def test_base64_is_little_endian_float32_as_openai_sends_it():
-    from serve_app.embeddings.protocol import encode_vector, response
+    from serve_app.openai.embeddings import encode_vector, response
 
     vector = [0.25, -1.5, 3.0]
     assert struct.unpack("<3f", base64.b64decode(encode_vector(vector, "base64"))) == (0.25, -1.5, 3.0)
@@ -111,8 +111,8 @@ def test_base64_is_little_endian_float32_as_openai_sends_it():
 
 async def test_embedder_refuses_what_its_queue_cannot_hold_all_or_none():
     from batching import QueueFullError
-    from serve_app.embeddings.config import EmbeddingConfig
-    from serve_app.embeddings.embedder import Embedder
+    from serve_app.config import EmbeddingConfig
+    from serve_app.core import Embedder
 
     embedder = Embedder(EmbeddingConfig(device="cpu", batcher={"max_queue_size": 2, "max_batch_size": 2}))
     await embedder.start()
@@ -136,7 +136,7 @@ def served(serve_instance, deploy_app):
     """A simulated generation app at ``/both`` and the embedding app at ``/both/v1/embeddings``: one base URL."""
     from ray import serve
 
-    from serve_app.embeddings.app import build_app
+    from serve_app.app import build_embeddings_app as build_app
 
     deploy_app("both", embeddings_app="both-embeddings", simulated={"step_s": 0.001})
     handle = serve.run(
@@ -173,7 +173,7 @@ async def test_openai_client_embeddings_equal_sentence_transformers_in_order(ser
     ("body", "status", "param", "words"),
     [
         ({"input": ""}, 400, "input", "empty string"),
-        ({"input": []}, 400, "input", "must not be empty"),
+        ({"input": []}, 400, "input", "no inputs provided"),
         ({"input": "word " * 400}, 400, "input", "at most 256"),
         ({"input": [[5, 99999999]]}, 400, "input", "token ids"),
         ({"input": "hi", "model": "gpt-nope"}, 404, "model", "does not exist"),
@@ -266,9 +266,9 @@ def test_in_process_embedding_job(serve_instance, reference):
 async def test_the_embedding_app_has_the_same_door_key_and_body_limit():
     """The embedding app's FastAPI app is armed like the generation app's (no replica needed: the door
     answers before any route runs)."""
-    from serve_app import door
-    from serve_app.embeddings.config import EmbeddingConfig
-    from serve_app.embeddings.server import api
+    from serve_app.config import EmbeddingConfig
+    from serve_app.serving import door
+    from serve_app.serving.embeddings import api
 
     door.configure(api, EmbeddingConfig(api_key="emb-key", max_request_body_bytes=2048))
     transport = httpx.ASGITransport(app=api)

@@ -226,8 +226,8 @@ def test_handle_methods_raise_value_error_or_answer(serve_instance, client):
             assert str(exc).strip()
             return
         assert len(rows) == len(prompts)
-        for row in rows:
-            assert row["error"] is None
+        for row in rows:  # each prompt answered, or refused in its own row (an empty one, say)
+            assert row["error"] is None or row["error"].startswith("invalid: "), row
             assert not (isinstance(row["output_tokens"], float) and math.isnan(row["output_tokens"]))
 
     run()

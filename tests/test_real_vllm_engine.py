@@ -1,4 +1,5 @@
-"""The vLLM engine against the real vLLM CPU build and the bundled SmolLM2 model (slow: about a minute)."""
+"""The vLLM engine, and the generation core around it, against the real vLLM CPU build and the bundled SmolLM2
+model (slow: about a minute)."""
 
 from __future__ import annotations
 
@@ -13,32 +14,45 @@ pytestmark = pytest.mark.slow
 def loop():
     """One event loop for the module: AsyncLLM binds its output handler to the loop it first runs on."""
     loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)  # the helpers below tokenize on it
     yield loop
+    asyncio.set_event_loop(None)
     loop.close()
 
 
 @pytest.fixture(scope="module")
-def engine(loop):
+def core(loop):
+    """The generation core on the real engine, as a replica or a Ray Data actor holds it."""
     pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
-    from serve_app.config import VLLMSettings
-    from serve_app.engines.vllm_engine import VLLMEngine
-    from serve_app.models import prepare
+    from serve_app.config import AppConfig
+    from serve_app.core import Generator
 
     # Built in the test process itself, which must not lower its own priority as a replica does.
-    engine = VLLMEngine(str(prepare()), VLLMSettings(max_model_len=1024, cpu_replica_niceness=0))
-    yield engine
-    loop.run_until_complete(engine.shutdown())
+    core = Generator(AppConfig(vllm={"max_model_len": 1024, "cpu_replica_niceness": 0}))
+    loop.run_until_complete(core.start())
+    yield core
+    loop.run_until_complete(core.stop())
 
 
-def request(engine, prompt=None, messages=None, request_id="r", **sampling):
+@pytest.fixture(scope="module")
+def engine(core):
+    return core.engine
+
+
+async def make_request(engine, prompt=None, messages=None, request_id="r", **sampling):
     from serve_app.engines import GenerationRequest, SamplingOptions
 
     sampling.setdefault("max_tokens", 16)
     if messages is not None:
-        ids, text = engine.encode_chat(messages)
+        ids, text = await engine.encode_chat(messages)
     else:
-        ids, text = engine.encode(prompt), prompt
+        (ids,), text = await engine.encode([prompt]), prompt
     return GenerationRequest(request_id, ids, SamplingOptions(**sampling), text)
+
+
+def request(engine, *args, **kwargs):
+    """:func:`make_request` outside a coroutine, on the module's loop."""
+    return asyncio.get_event_loop().run_until_complete(make_request(engine, *args, **kwargs))
 
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
@@ -74,7 +88,9 @@ def test_seeded_sampling_is_reproducible(engine, loop):
 def test_abort_stops_a_running_request(engine, loop):
     async def scenario():
         # ignore_eos: the model cannot end early on its own, so only the abort can end it before 400 tokens
-        long = request(engine, "Write a story about a dragon.", request_id="long", max_tokens=400, ignore_eos=True)
+        long = await make_request(
+            engine, "Write a story about a dragon.", request_id="long", max_tokens=400, ignore_eos=True
+        )
         task = asyncio.ensure_future(engine.generate([long]))
         await asyncio.sleep(1.0)
         await engine.abort("long")
@@ -86,8 +102,10 @@ def test_abort_stops_a_running_request(engine, loop):
 
 def test_stream_deltas_add_up_to_the_result_and_match_generate(engine, loop):
     async def scenario():
-        outputs = [o async for o in engine.stream(request(engine, messages=FRANCE, request_id="s", max_tokens=20))]
-        (whole,) = await engine.generate([request(engine, messages=FRANCE, request_id="g", max_tokens=20)])
+        outputs = [
+            o async for o in engine.stream(await make_request(engine, messages=FRANCE, request_id="s", max_tokens=20))
+        ]
+        (whole,) = await engine.generate([await make_request(engine, messages=FRANCE, request_id="g", max_tokens=20)])
         return outputs, whole
 
     outputs, whole = loop.run_until_complete(scenario())
@@ -101,7 +119,7 @@ def test_stream_deltas_add_up_to_the_result_and_match_generate(engine, loop):
 def test_cancelling_a_stream_aborts_the_request_in_vllm(engine, loop):
     async def scenario():
         before = engine.stats()["aborts"]
-        long = request(engine, "Tell me about the sea.", request_id="c", max_tokens=400, ignore_eos=True)
+        long = await make_request(engine, "Tell me about the sea.", request_id="c", max_tokens=400, ignore_eos=True)
         stream = engine.stream(long)
         seen = [await stream.__anext__() for _ in range(3)]
         await stream.aclose()  # what the batcher does when the caller goes away
@@ -141,3 +159,38 @@ def test_auto_max_inflight_is_what_vllm_runs_at_once_as_vllm_serve_sizes_it(engi
 
 def test_health_check_passes(engine, loop):
     loop.run_until_complete(engine.check_health())
+
+
+def test_prompts_are_tokenized_by_vllms_own_tokenizer_as_its_routes_do(engine, loop):
+    tokenizer = engine._llm.tokenizer  # the engine holds no tokenizer of its own
+    text = "The capital of France is"
+    (ids,) = loop.run_until_complete(engine.encode([text]))
+    assert ids == tokenizer.encode(text)  # with the BOS the completions route adds
+    chat_ids, _ = loop.run_until_complete(engine.encode_chat(FRANCE))
+    template = tokenizer.apply_chat_template(FRANCE, add_generation_prompt=True, tokenize=False)
+    assert chat_ids == tokenizer.encode(template, add_special_tokens=False)
+    chat_text = loop.run_until_complete(engine.decode(chat_ids))
+    assert "What is the capital of France?" in chat_text and chat_text.rstrip().endswith("assistant")
+    assert loop.run_until_complete(engine.decode(ids)).endswith(text)
+
+
+def test_an_engine_abort_while_its_caller_waits_is_a_failure_never_a_finish(core, loop):
+    """vLLM ends an aborted request with finish reason "abort"; the core reports it as the failure it is."""
+    from serve_app.engines import GenerationDelta, GenerationResult
+    from serve_app.openai.common import SamplingFields
+
+    async def scenario():
+        builder = core.requests
+        sampling = builder.sampling(SamplingFields(max_tokens=400, ignore_eos=True))
+        (long,) = await builder.prompts(["Write a story about a dragon."], sampling)
+        outputs = core.run([long])
+        _, first = await outputs.__anext__()  # a delta: it runs
+        await core.engine.abort(long.request_id)
+        rest = [output async for _, output in outputs]
+        return first, rest
+
+    first, rest = loop.run_until_complete(scenario())
+    result = rest[-1]
+    assert isinstance(first, GenerationDelta) and isinstance(result, GenerationResult)
+    assert result.failed and result.finish_reason == "error" and "aborted" in result.error
+    assert result.output_tokens < 400

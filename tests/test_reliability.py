@@ -1,6 +1,6 @@
 """Reliability: load, replica and engine faults, shutdown under load and client cancellation, against apps
 with the SIMULATED engine on loopback. Each test asserts that nothing is lost, duplicated or left hanging,
-and records its figures in ``FIGURES`` (printed at the end of the pytest run; the README quotes them).
+and records its figures in ``FIGURES`` (printed at the end of the pytest run; docs/reliability.md quotes them).
 
 Bad input (fuzzing) lives in test_fuzz.py; the real model's up-front limits in test_real_app.py.
 """
@@ -17,7 +17,7 @@ import pytest
 
 from benchmarks.run import percentile
 
-from .conftest import FIGURES, RowsInThread, batcher_is, wait_for
+from .conftest import FIGURES, RowsInThread, batcher_is, per_replica_stats, wait_for
 
 pytestmark = [pytest.mark.serve, pytest.mark.reliability]
 
@@ -313,7 +313,7 @@ async def test_scaling_down_under_load_drains_and_drops_nothing(serve_instance, 
 
     from serve_app.app import deployment_options
     from serve_app.config import AppConfig
-    from serve_app.server import LLMServer
+    from serve_app.serving.llm import LLMServer
 
     from .conftest import SIMULATED_DEFAULTS, merge
 
@@ -337,7 +337,13 @@ async def test_scaling_down_under_load_drains_and_drops_nothing(serve_instance, 
     await wait_for(lambda: running_replicas("shrink") == 2, 60, "two replicas")
     stop = asyncio.Event()
     load = asyncio.create_task(_http_load(serve_instance + "/shrink", 48, stop))
-    await asyncio.sleep(1.5)  # both replicas busy with queued work
+    handle = serve.get_app_handle("shrink")
+
+    async def both_hold_work() -> bool:
+        replicas = await per_replica_stats(handle, 2)
+        return all(s["requests"]["ongoing"] > 0 for s in replicas.values())
+
+    await wait_for(both_hold_work, 60, "both replicas holding work")
     # Same init args, fewer replicas: a lightweight update, one replica drains and stops.
     await asyncio.to_thread(
         serve.run,
@@ -346,7 +352,8 @@ async def test_scaling_down_under_load_drains_and_drops_nothing(serve_instance, 
         route_prefix="/shrink",
     )
     await wait_for(lambda: running_replicas("shrink") == 1 and len(replica_actors("shrink")) == 1, 90, "scale-down")
-    await asyncio.sleep(0.5)
+    served = (await handle.stats.remote())["batcher"]["total_completed"]
+    await wait_for(batcher_is(handle, "total_completed", lambda n: n >= served + 8), 60, "the last replica serving on")
     stop.set()
     results = await load
     statuses = [r.status_code if isinstance(r, httpx.Response) else repr(r) for r in results]
@@ -428,9 +435,7 @@ async def test_disconnected_and_cancelled_callers_free_the_batcher_and_abort_the
 
         async def settled() -> dict[str, Any] | None:
             stats = await handle.stats.remote()
-            return (
-                stats if stats["requests"]["abandoned_prompts"] - base["requests"]["abandoned_prompts"] == 6 else None
-            )
+            return stats if stats["requests"]["abandoned"] - base["requests"]["abandoned"] == 6 else None
 
         stats = await wait_for(settled, 30, "the server to see all six callers go")
         assert stats["batcher"]["queue_depth"] == 0  # their places in the batcher are free

@@ -1,7 +1,7 @@
 """Integration: a local Ray Serve app with the SIMULATED engine, reached over HTTP and through handles.
 
 These check the serving logic (batching across requests, order, validation, backpressure, draining,
-reconfiguration, health); the real engine is covered by test_real_model.py.
+reconfiguration, health); the real engine is covered by test_real_vllm_engine.py and test_real_app.py.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ async def test_reconfigure_changes_batcher_knobs_live(serve_instance):
 
     from serve_app.app import deployment_options
     from serve_app.config import AppConfig
-    from serve_app.server import LLMServer
+    from serve_app.serving.llm import LLMServer
 
     config = AppConfig(engine="simulated", autoscaling={"min_replicas": 1, "max_replicas": 1}, cpus_per_replica=0.25)
     deployment = LLMServer.options(**deployment_options(config))

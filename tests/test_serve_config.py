@@ -9,7 +9,14 @@ import yaml
 from pydantic import ValidationError
 
 from serve_app.app import build_app, deployment_options
-from serve_app.config import AUTO_FALLBACK_INFLIGHT, AUTO_FALLBACK_TOKENS, AppConfig, BatcherSettings
+from serve_app.config import (
+    AUTO_FALLBACK_INFLIGHT,
+    AUTO_FALLBACK_TOKENS,
+    AppConfig,
+    BatchSettings,
+    ContinuousSettings,
+    EmbeddingConfig,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,18 +57,20 @@ def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
 
 
 def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url():
-    from serve_app.embeddings.config import EmbeddingConfig
-
     spec = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     app, embeddings = spec["applications"]
-    assert embeddings["import_path"] == "serve_app.embeddings.app:build_app"
+    assert embeddings["import_path"] == "serve_app.app:build_embeddings_app"
     assert embeddings["route_prefix"] == "/v1/embeddings"  # the longest prefix wins: the rest goes to the app
     assert AppConfig.model_validate(app["args"]).embeddings_app == embeddings["name"]
     config = EmbeddingConfig.model_validate(embeddings["args"])
-    assert config.model_name == "all-MiniLM-L6-v2" and config.batcher.length_aware
-    assert config.batcher.batcher_kwargs()["padded"] is True  # the budget is in padded tokens
-    assert config.batcher.batcher_kwargs("cpu")["target_batch_tokens"] == 1024
-    assert config.batcher.batcher_kwargs("cuda")["target_batch_tokens"] == 16384
+    assert config.model_name == "all-MiniLM-L6-v2" and config.batcher.order == "length_aware"
+    assert config.batcher.target_batch_tokens == "auto"
+    assert config.batch_tokens("cpu") == 1024 and config.batch_tokens("cuda") == 16384
+    kwargs = config.batcher.batcher_kwargs(config.batch_tokens("cpu"), padded=True)
+    assert kwargs["target_batch_tokens"] == 1024 and kwargs["length_aware"] and kwargs["padded"]
+    # a batcher given in part keeps the embedding app's own defaults for the rest
+    partial = EmbeddingConfig(batcher={"max_batch_size": 16}).batcher
+    assert (partial.max_batch_size, partial.batch_timeout_s, partial.order) == (16, 0.005, "length_aware")
     options = deployment_options(config)
     assert options["ray_actor_options"] == {"num_cpus": 0.25, "num_gpus": 0}
 
@@ -78,7 +87,7 @@ def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url()
     ],
 )
 def test_bad_embedding_config_fails_at_build_time_naming_the_field(args, field):
-    from serve_app.embeddings.app import build_app as build_embeddings
+    from serve_app.app import build_embeddings_app as build_embeddings
 
     with pytest.raises(ValidationError, match=field):
         build_embeddings(args)
@@ -91,9 +100,11 @@ def test_bad_embedding_config_fails_at_build_time_naming_the_field(args, field):
         ({"model": ""}, "model"),
         ({"gpus_per_replica": -1}, "gpus_per_replica"),
         ({"gpus_per_replica": "many"}, "gpus_per_replica"),
-        ({"batcher": {"max_batch_size": 0}}, "max_batch_size"),
-        ({"batcher": {"batch_timeout_s": -1}}, "batch_timeout_s"),
-        ({"batcher": {"target_batch_tokens": "lots"}}, "target_batch_tokens"),
+        ({"batcher": {"mode": "batch", "max_batch_size": 0}}, "max_batch_size"),
+        ({"batcher": {"mode": "batch", "batch_timeout_s": -1}}, "batch_timeout_s"),
+        ({"batcher": {"mode": "batch", "target_batch_tokens": "lots"}}, "target_batch_tokens"),
+        ({"batcher": {"batch_timeout_s": 0.1}}, "batch_timeout_s"),  # a batch-mode knob in continuous mode
+        ({"batcher": {"mode": "batch", "max_inflight": 8}}, "max_inflight"),  # and the other way round
         ({"batcher": {"mode": "batch", "max_batch_size": 64, "max_queue_size": 8}}, "max_queue_size"),
         ({"batcher": {"mode": "static"}}, "mode"),
         ({"batcher": {"max_inflight_tokens": 0}}, "max_inflight_tokens"),
@@ -119,9 +130,17 @@ def test_gpus_per_replica_explicit_value_is_used():
 
 
 def test_auto_budget_is_the_engines_kv_cache_and_batch_mode_maps_to_token_batcher_knobs():
-    continuous = BatcherSettings()
-    assert continuous.batcher_kwargs(kv_cache_tokens=45_000)["max_inflight_cost"] == 45_000
-    assert continuous.batcher_kwargs(kv_cache_tokens=None)["max_inflight_cost"] == AUTO_FALLBACK_TOKENS
-    assert BatcherSettings(max_inflight_tokens=8_192).batcher_kwargs(45_000)["max_inflight_cost"] == 8_192
-    batch = BatcherSettings(mode="batch", max_batch_size=8).batcher_kwargs(45_000)
-    assert batch["max_batch_size"] == 8 and "max_inflight_cost" not in batch
+    continuous = ContinuousSettings()
+    assert continuous.batcher_kwargs(45_000, 128)["max_inflight_cost"] == 45_000
+    assert continuous.batcher_kwargs(None, 128)["max_inflight_cost"] == AUTO_FALLBACK_TOKENS
+    assert ContinuousSettings(max_inflight_tokens=8_192).batcher_kwargs(45_000, 128)["max_inflight_cost"] == 8_192
+    batch = BatchSettings(max_batch_size=8, order="length_aware").batcher_kwargs(45_000)
+    assert batch["max_batch_size"] == 8 and batch["length_aware"] and "max_inflight_cost" not in batch
+    assert batch["target_batch_tokens"] == 32_768  # a number is kept; auto is what the engine says
+    assert BatchSettings(target_batch_tokens="auto").batcher_kwargs(45_000)["target_batch_tokens"] == 45_000
+
+
+def test_the_batcher_is_one_model_per_mode_and_continuous_without_a_mode():
+    assert isinstance(AppConfig(batcher={"max_inflight": 3}).batcher, ContinuousSettings)
+    assert isinstance(AppConfig(batcher={"mode": "batch"}).batcher, BatchSettings)
+    assert not hasattr(AppConfig().batcher, "max_batch_size")

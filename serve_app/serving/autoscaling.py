@@ -11,17 +11,17 @@ for each to hold about ``target_tokens``:
 How it plugs into Ray Serve 2.60 (``autoscaling.metric: tokens`` in the app config):
 
 - A replica reports custom metrics through its deployment's ``record_autoscaling_stats()`` method, which
-  returns ``{name: number}`` (``LLMServer.record_autoscaling_stats`` calls :func:`replica_load`). Serve calls
+  returns ``{name: number}`` (``Replica.record_autoscaling_stats`` calls :func:`replica_load`). Serve calls
   it every ``look_back_period_s / 5`` seconds and pushes the points to the controller every
   ``metrics_interval_s``.
 - The controller hands the policy an ``AutoscalingContext`` whose ``aggregated_metrics[name][replica_id]`` is
   each replica's time-weighted mean over ``look_back_period_s``. The policy returns ``(replicas, state)``;
   a float is rounded up, and Serve itself applies ``min_replicas``/``max_replicas``, ``upscale_delay_s`` /
   ``downscale_delay_s`` and the up/down scaling factors around it (as it does for its default policy).
-- The policy is given as ``autoscaling_config.policy = {"policy_function": "serve_app.autoscaling:
-  TokenAutoscalingPolicy", "policy_kwargs": {...}}``. A class is instantiated once with ``policy_kwargs``
-  (a plain function would get none), so it can carry ``target_tokens``. Serve pickles this module by value
-  into its controller, so it imports nothing from the app at module level.
+- The policy is given as ``autoscaling_config.policy = {"policy_function":
+  "serve_app.serving.autoscaling:TokenAutoscalingPolicy", "policy_kwargs": {...}}``. A class is instantiated once
+  with ``policy_kwargs`` (a plain function would get none), so it can carry ``target_tokens``. Serve pickles
+  this module by value into its controller, so it imports nothing from the app at module level.
 
 The default ``target_tokens`` is each replica's in-flight token budget (``batcher.max_inflight_tokens``; with
 ``auto`` the engine's KV cache; in batch mode ``target_batch_tokens x max_concurrent_batches``): the engine can
@@ -41,11 +41,11 @@ TOKEN_BUDGET = "token_budget"
 PROMPTS = "prompts"
 """Custom metric: prompts queued plus in flight (to price requests still waiting in callers' queues)."""
 
-POLICY_PATH = "serve_app.autoscaling:TokenAutoscalingPolicy"
+POLICY_PATH = "serve_app.serving.autoscaling:TokenAutoscalingPolicy"
 
 
 def replica_load(stats: Any, batch_budget: int | None = None) -> dict[str, float]:
-    """A replica's custom autoscaling metrics from its batcher's ``BatchStats``.
+    """A replica's custom autoscaling metrics from its batcher's statistics (either mode's).
 
     Continuous mode tracks the cost in flight and its budget; batch mode only counts records in flight, so
     their cost is estimated at the mean cost per record so far, and its budget (``batch_budget``) is what

@@ -26,7 +26,7 @@ Use (any FastAPI app, one line each)::
 
     class MyServer:
         async def __init__(self, config):
-            door.configure(api, config)   # in the replica, with its validated ServerConfig
+            door.configure(api, config)   # in the replica, with its validated config
 
 ``configure`` resolves the key in the replica's process (where the environment variable is read). Its
 settings are kept in this module, by a key that :func:`install` gives the app: ``@serve.ingress`` serves a
@@ -45,8 +45,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from .config import API_KEY_ENV, ServerConfig
-from .openai_format import error_body
+from ..config import API_KEY_ENV, DeploymentConfig
+from ..errors import RETRY_AFTER_S, error_body
 
 logger = logging.getLogger("serve_app")
 
@@ -54,7 +54,6 @@ PUBLIC_PATHS = ("/health", "/healthz")
 """Paths open without a key: health probes (load balancers, Kubernetes) do not hold one."""
 
 _STATE_KEY = "door_key"
-_RETRY_AFTER_S = "1"
 _MAX_LENGTH_DIGITS = 18  # a longer Content-Length is over any limit (and int() of a huge string is costly)
 
 Scope = dict[str, Any]
@@ -69,7 +68,7 @@ class DoorSettings:
     max_body_bytes: int
 
     @classmethod
-    def from_config(cls, config: ServerConfig) -> DoorSettings:
+    def from_config(cls, config: DeploymentConfig) -> DoorSettings:
         key = config.effective_api_key()
         return cls(None if key is None else key.get_secret_value().encode("ascii"), config.max_request_body_bytes)
 
@@ -87,7 +86,7 @@ def install(api: FastAPI, public_paths: Iterable[str] = PUBLIC_PATHS) -> None:
     api.add_middleware(Door, key=key, public_paths=tuple(public_paths))
 
 
-def configure(api: FastAPI, config: ServerConfig) -> DoorSettings:
+def configure(api: FastAPI, config: DeploymentConfig) -> DoorSettings:
     """Arm ``api``'s door with ``config`` (in the replica's ``__init__``: the environment variable is read
     there). Calling it again replaces the settings."""
     key = getattr(api.state, _STATE_KEY, None)
@@ -167,7 +166,7 @@ class Door:
             if not self._warned:
                 self._warned = True
                 logger.error("HTTP door not configured: call door.configure(api, config) in the replica's __init__")
-            await self._refuse(scope, send, 503, "server not ready", [(b"retry-after", _RETRY_AFTER_S.encode())])
+            await self._refuse(scope, send, 503, "server not ready", [(b"retry-after", str(RETRY_AFTER_S).encode())])
             return
         if settings.api_key is not None and _route_path(scope) not in self.public_paths:
             problem = self._unauthorized(scope, settings.api_key)

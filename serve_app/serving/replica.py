@@ -1,20 +1,59 @@
-"""What every replica of the project reports the same way, whichever app it serves: who it is, its model
-card for ``/v1/models``, and its health answer."""
+"""The replica skeleton both deployments share: building its core on its validated config, arming the HTTP door,
+exporting metrics, answering health, statistics and the model card (the routes ``/health``, ``/healthz``,
+``/stats`` and ``/v1/models``), reporting its load to the autoscaler, applying live batcher settings, and draining
+on shutdown. A deployment adds only its own routes and handle methods.
+
+    api = make_api("my app", "what it serves")   # at import, before @serve.ingress copies the app
+
+    @serve.deployment
+    @serve.ingress(api)
+    class MyServer(Replica):
+        async def __init__(self, config: dict) -> None:
+            await self.setup(api, MyConfig.model_validate(config), MyCore)
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, Response
 
-from .http_errors import error_response
+from . import door
+from .autoscaling import replica_load
+from .http import error_response, install_error_handlers
+from .metrics import ReplicaMetrics
+
+logger = logging.getLogger("serve_app")
+
+VERSION = "0.3.0"
+
+GAUGE_PERIOD_S = 1.0
+"""How often the gauges (and the load the autoscaler reads) are refreshed from the batcher."""
+
+routes = APIRouter()
+"""The routes every replica answers (included by :func:`install`)."""
+
+
+def make_api(title: str, description: str, *middleware: type) -> FastAPI:
+    """A replica's FastAPI app: ``middleware`` (innermost first), the door in front of every route, the error
+    table, the common routes. Make it at import time: ``@serve.ingress(api)`` serves a copy of the app as it is
+    when the class is decorated."""
+    api = FastAPI(title=title, description=description, version=VERSION)
+    for cls in middleware:
+        api.add_middleware(cls)
+    install_error_handlers(api)
+    door.install(api)
+    api.include_router(routes)
+    return api
 
 
 def identity() -> dict[str, Any]:
-    """The replica's id, application, deployment and process (``stats()`` shows it)."""
+    """The replica's id, application, deployment and process."""
     from ray import serve
 
     context = serve.get_replica_context()
@@ -26,23 +65,99 @@ def identity() -> dict[str, Any]:
     }
 
 
-def model_card(name: str, root: str, max_model_len: int) -> dict[str, Any]:
-    """An OpenAI model entry, with vLLM's ``root`` and ``max_model_len``."""
-    return {
-        "id": name,
-        "object": "model",
-        "created": int(time.time()),
-        "owned_by": "token-batching",
-        "root": root,
-        "parent": None,
-        "max_model_len": max_model_len,
-    }
+class Replica:
+    """One replica of a deployment: its config, its core, its metrics (see the module's docstring)."""
 
+    async def setup(self, api: FastAPI, config: Any, core: type) -> None:
+        """Build the core on ``config`` and start it; arm ``api``'s door; export metrics."""
+        started = time.monotonic()
+        self.config = config
+        door.configure(api, config)
+        self.metrics = ReplicaMetrics(config.model_name)
+        self.core = core(config, self.metrics)
+        await self.core.start()
+        self._gauged = self.core.batcher.stats
+        self._gauges = asyncio.get_running_loop().create_task(self._export_gauges())
+        logger.info(
+            "%s ready in %.1f s: engine=%s model=%s batcher=%s",
+            type(self).__name__,
+            time.monotonic() - started,
+            self.core.engine.name,
+            config.model_name,
+            self.core.settings.mode,
+        )
 
-async def health(check: Callable[[], Awaitable[None]], engine: str, model: str) -> Response:
-    """200 when ``check`` passes, else 503 saying why (``/health`` as vLLM's server, ``/healthz`` too)."""
-    try:
-        await check()
-    except Exception as exc:
-        return error_response(503, f"unhealthy: {exc}")
-    return JSONResponse({"status": "ok", "engine": engine, "model": model})
+    async def _export_gauges(self) -> None:
+        while True:
+            self._gauged = self.core.batcher.stats  # also what record_autoscaling_stats reports
+            self.metrics.update(self._gauged)
+            await asyncio.sleep(GAUGE_PERIOD_S)
+
+    # -- What every replica answers ------------------------------------------------------------------------
+
+    async def stats(self) -> dict[str, Any]:
+        """The core's statistics, who this replica is, and its autoscaling settings."""
+        return {"replica": identity(), **self.core.stats(), "autoscaling": self.config.autoscaling.model_dump()}
+
+    async def model_card(self) -> dict[str, Any]:
+        """This replica's model as an OpenAI model entry, with vLLM's ``root`` and ``max_model_len``."""
+        return {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "token-batching",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.core.engine.max_model_len,
+        }
+
+    async def model_cards(self) -> list[dict[str, Any]]:
+        """The models ``/v1/models`` lists: this replica's."""
+        return [await self.model_card()]
+
+    @routes.get("/v1/models")
+    async def http_models(self) -> dict[str, Any]:
+        """The models served, OpenAI-style."""
+        return {"object": "list", "data": await self.model_cards()}
+
+    @routes.get("/stats")
+    async def http_stats(self) -> dict[str, Any]:
+        """Statistics of the replica that answered."""
+        return await self.stats()
+
+    @routes.get("/health")
+    @routes.get("/healthz")
+    async def http_health(self) -> Response:
+        """200 when the engine can serve, else 503 saying why (``/health`` as vLLM's server, ``/healthz`` too)."""
+        try:
+            await self.check_health()
+        except Exception as exc:
+            return error_response(503, f"unhealthy: {exc}")
+        return JSONResponse({"status": "ok", "engine": self.core.engine.name, "model": self.config.model_name})
+
+    # -- Serve's hooks ---------------------------------------------------------------------------------------
+
+    async def check_health(self) -> None:
+        """Serve's health check: fails when the engine is dead or the batcher stopped."""
+        await self.core.check_health()
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metrics (``autoscaling.metric: tokens``, :mod:`serve_app.serving.autoscaling`):
+        the tokens this replica holds and its budget, from the gauges' snapshot (at most a second old)."""
+        return replica_load(self._gauged, self.core.budget)
+
+    async def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Apply new batcher settings live (``user_config: {batcher: {...}}``)."""
+        current, given = self.core.settings.model_dump(), user_config.get("batcher", {})
+        batcher = {**current, **given} if given.get("mode", current["mode"]) == current["mode"] else given
+        config = type(self.config).model_validate({**self.config.model_dump(), "batcher": batcher})
+        await self.core.reconfigure(config.batcher)
+        self.config = config
+
+    async def __del__(self) -> None:
+        """Graceful shutdown: Serve has drained ongoing requests; finish the batcher, then the engine. (Any step
+        may be missing if ``setup`` failed part-way.)"""
+        if hasattr(self, "_gauges"):
+            self._gauges.cancel()
+        if hasattr(self, "core"):
+            await self.core.stop(timeout=self.config.graceful_shutdown_timeout_s)

@@ -1,0 +1,131 @@
+"""The replica's batcher, one model per mode (a union on ``mode``): continuous admission for engines that batch
+continuously (vLLM), or budgeted batches for static, padded engines. Live-reconfigurable through a
+deployment's ``user_config: {batcher: {...}}``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, model_validator
+
+from .common import AutoOrPositive, Strict
+
+AUTO_FALLBACK_TOKENS = 65_536
+"""The ``auto`` in-flight budget when an engine cannot say how large its KV cache is."""
+
+AUTO_FALLBACK_INFLIGHT = 256
+"""The ``auto`` in-flight request cap when an engine cannot say how many requests it runs at once."""
+
+Order = Literal["fifo", "length_aware"]
+
+
+class QueueSettings(Strict):
+    """What both modes have: the bounded queue and the order it is served in."""
+
+    max_queue_size: int = Field(
+        4_096, ge=1, description="prompts waiting per replica before new requests get 503 + Retry-After"
+    )
+    order: Order = Field(
+        "fifo",
+        description="`fifo`: strictly in arrival order. `length_aware`: continuous mode starts the cheapest request "
+        "among the next 64 waiting (shortest first, lower mean latency; one waiting `max_wait_s` goes next); "
+        "batch mode cuts each batch from requests of similar length (always with the oldest), so little is padding",
+    )
+
+
+class ContinuousSettings(QueueSettings):
+    """Each request enters the engine as soon as its tokens (prompt + max_tokens) fit the in-flight budget, gives
+    them back the moment it alone finishes, and streams its output."""
+
+    mode: Literal["continuous"] = Field("continuous", description="`continuous` or `batch`")
+    max_inflight_tokens: AutoOrPositive = Field(
+        "auto",
+        description="token budget in flight (prompt + max_tokens of each request); `auto`: the engine's KV "
+        "cache size, read once it is up",
+    )
+    max_inflight: AutoOrPositive = Field(
+        "auto",
+        description="most requests inside the engine at once; `auto`: as many as it runs at once (vLLM's "
+        "max_num_seqs as `vllm serve` sizes it: 128 on a CPU, 1024 on an H100). Fewer leave it under-filled; more "
+        "would wait inside it, out of the batcher's order",
+    )
+    max_wait_s: float = Field(2.0, ge=0.0, description="order `length_aware`: a request waiting this long goes next")
+    peak_estimate: bool = Field(
+        False, description="admit on LightLLM's estimate of the peak KV use of what runs instead of final sizes"
+    )
+    max_queue_wait_s: float | None = Field(
+        None,
+        gt=0,
+        description="503 + Retry-After at once for a request expected to wait longer than this for admission "
+        "(from the queue ahead and the recent rate requests leave the engine): load shedding for a latency target",
+    )
+
+    def batcher_kwargs(self, kv_cache_tokens: int | None, max_running: int | None) -> dict[str, Any]:
+        """``ContinuousBatcher``'s keywords; the engine's KV cache size and running cap resolve ``auto``."""
+        budget = self.max_inflight_tokens if self.max_inflight_tokens != "auto" else None
+        inflight = self.max_inflight if self.max_inflight != "auto" else None
+        return {
+            "max_inflight_cost": budget or kv_cache_tokens or AUTO_FALLBACK_TOKENS,
+            "max_inflight": inflight or max_running or AUTO_FALLBACK_INFLIGHT,
+            "max_queue_size": self.max_queue_size,
+            "order": self.order,
+            "max_wait_s": self.max_wait_s,
+            "peak_estimate": self.peak_estimate,
+            "max_queue_wait_s": self.max_queue_wait_s,
+        }
+
+
+class BatchSettings(QueueSettings):
+    """Budgeted batches for engines that run static, padded batches: a batch enters the engine whole and ends
+    when its longest request does."""
+
+    mode: Literal["batch"] = Field("batch", description="`continuous` or `batch`")
+    target_batch_tokens: AutoOrPositive = Field(
+        32_768,
+        description="token budget of a batch, a ceiling (a lone larger request runs alone): prompt + max_tokens of "
+        "each request, or for a padded encoder batch size x its longest input; `auto`: the engine's own figure",
+    )
+    max_batch_size: int = Field(64, ge=1, description="most requests in a batch")
+    batch_timeout_s: float = Field(
+        0.01, ge=0.0, le=60.0, description="longest the oldest request waits for its batch to fill"
+    )
+    max_concurrent_batches: int = Field(2, ge=1, description="batches inside the engine at once")
+    isolate_failures: bool = Field(
+        False, description="when a batch fails, retry its halves so only the requests that fail alone get the error"
+    )
+
+    @model_validator(mode="after")
+    def _queue_holds_a_batch(self) -> BatchSettings:
+        if self.max_queue_size < self.max_batch_size:
+            raise ValueError(
+                f"batcher.max_queue_size ({self.max_queue_size}) must be >= batcher.max_batch_size "
+                f"({self.max_batch_size}), or batches can never fill"
+            )
+        return self
+
+    def batcher_kwargs(self, auto_tokens: int, padded: bool = False) -> dict[str, Any]:
+        """``TokenBatcher``'s keywords; ``auto_tokens`` is what the engine says ``auto`` means."""
+        budget = self.target_batch_tokens if self.target_batch_tokens != "auto" else auto_tokens
+        return {
+            "max_queue_size": self.max_queue_size,
+            "target_batch_tokens": budget,
+            "max_batch_size": self.max_batch_size,
+            "batch_timeout_s": self.batch_timeout_s,
+            "max_concurrent_batches": self.max_concurrent_batches,
+            "length_aware": self.order == "length_aware",
+            "isolate_failures": self.isolate_failures,
+            "padded": padded,
+        }
+
+
+def _mode(value: Any) -> str:
+    """The union's tag: ``mode`` where given, else continuous (the default mode)."""
+    mode = value.get("mode", "continuous") if isinstance(value, dict) else getattr(value, "mode", "continuous")
+    return mode if mode in ("continuous", "batch") else "invalid"
+
+
+BatcherSettings = Annotated[
+    Annotated[ContinuousSettings, Tag("continuous")] | Annotated[BatchSettings, Tag("batch")],
+    Discriminator(_mode, custom_error_type="invalid_mode", custom_error_message="mode: must be continuous or batch"),
+]
+"""The batcher's settings: :class:`ContinuousSettings` or :class:`BatchSettings`, chosen by ``mode``."""

@@ -1,0 +1,124 @@
+"""The generation application's configuration (its ``args`` in ``serve_config.yaml``), validated when the app is
+built, so a bad value fails ``serve run`` at once with a message naming the field."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from ..models import BUNDLED_NAME
+from .batcher import BatcherSettings, ContinuousSettings
+from .common import DeploymentConfig, Strict
+
+
+class SamplingDefaults(Strict):
+    """Sampling used when a request leaves a field out (then vLLM's defaults)."""
+
+    max_tokens: int = Field(128, ge=1, description="new tokens per prompt")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0: greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
+    stop: list[str] | None = Field(None, description="strings that end a generation")
+    seed: int | None = Field(None, description="a seed for reproducible sampling")
+
+
+class VLLMSettings(Strict):
+    """vLLM's engine (``AsyncEngineArgs``); ``engine_args`` passes anything else through."""
+
+    max_model_len: int = Field(2_048, ge=16, description="the context length (on a GPU: the model's, e.g. 8192)")
+    dtype: str = Field(
+        "auto",
+        description="`auto`: the model's dtype on a GPU, float32 on a CPU (bf16 is slower or less accurate "
+        "on vLLM's CPU build)",
+    )
+    enforce_eager: bool | None = Field(None, description="default: true on a CPU, false (CUDA graphs) on a GPU")
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="GPU: the share of memory vLLM takes")
+    cpu_kvcache_space_gb: int = Field(2, ge=1, description="CPU-only hosts: VLLM_CPU_KVCACHE_SPACE")
+    cpu_threads: Literal["auto"] | int = Field(
+        "auto", description="CPU-only hosts: the engine's compute threads (OMP_NUM_THREADS); `auto`: every usable core"
+    )
+    cpu_replica_niceness: int = Field(
+        19,
+        ge=0,
+        le=19,
+        description="CPU-only hosts: once its engine is up, the process holding it (a replica or a Ray Data actor: "
+        "HTTP, streaming, detokenizing) runs at this niceness, so the engine's compute on the same cores goes "
+        "first; 0 leaves it as it started",
+    )
+    max_num_seqs: int | None = Field(None, ge=1, description="vLLM's running cap; default: as `vllm serve` sizes it")
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="anything else for `vllm.AsyncEngineArgs` (e.g. tensor_parallel_size)"
+    )
+
+
+class SimulatedSettings(Strict):
+    """The SIMULATED engine (no model, for tests and benchmarks): deterministic text, time from a cost model.
+    Continuous by default: each step advances every running sequence one token and takes `step_s +
+    step_s_per_seq` x sequences `+ step_s_per_token` x context tokens `+ prefill_s_per_token` x new prompt tokens.
+    `padded: true` makes it a static batch engine instead."""
+
+    max_model_len: int = Field(2_048, ge=16, description="the context length")
+    batch_overhead_s: float = Field(0.0, ge=0.0, description="padded: seconds per batch")
+    prefill_s_per_token: float = Field(0.0, ge=0.0, description="seconds per prompt token entering")
+    step_s: float = Field(0.0, ge=0.0, description="seconds per step")
+    step_s_per_seq: float = Field(0.0, ge=0.0, description="seconds per step and running sequence")
+    step_s_per_token: float = Field(0.0, ge=0.0, description="seconds per step and token in the running contexts")
+    max_num_seqs: int = Field(256, ge=1, description="sequences running at once (vLLM's max_num_seqs)")
+    kv_cache_tokens: int = Field(65_536, ge=1, description="the simulated KV cache (sizes an `auto` budget)")
+    padded: bool = Field(False, description="a static, padded batch engine instead of a continuous one")
+    fail_marker: str | None = Field(
+        "__simulated_fail__", description="a prompt containing it fails (tests of the error paths)"
+    )
+    die_marker: str | None = Field(
+        "__simulated_die__", description="a prompt containing it kills the engine (tests of health checks)"
+    )
+    raise_marker: str | None = Field(
+        "__simulated_raise__", description="a batch holding it raises after running (tests of failure isolation)"
+    )
+
+
+class AppConfig(DeploymentConfig):
+    """The generation application: ``serve_config.yaml``'s ``args`` for ``serve_app.app:build_app``."""
+
+    BUNDLED_NAME = BUNDLED_NAME
+
+    engine: Literal["vllm", "simulated"] = Field(
+        "vllm", description="`vllm`, or `simulated` (no model: the batching and serving logic, for tests)"
+    )
+    embeddings_app: str | None = Field(
+        None, description="the Serve app serving /v1/embeddings beside this one; /v1/models lists its model too"
+    )
+    max_prompts_per_request: int = Field(256, ge=1, description="prompts (x n) in one request")
+    max_tokens_limit: int = Field(1_024, ge=1, description="the largest max_tokens a request may ask for")
+    max_prompt_chars: int = Field(200_000, ge=1, description="the longest prompt text accepted, before tokenizing")
+    sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    batcher: BatcherSettings = Field(default_factory=ContinuousSettings)
+    vllm: VLLMSettings = Field(default_factory=VLLMSettings)
+    simulated: SimulatedSettings = Field(default_factory=SimulatedSettings)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AppConfig:
+        # Serve caps a replica's concurrent requests at max_ongoing_requests; below the engine's batch,
+        # single-prompt requests could never fill it (Ray only warns about this; we refuse).
+        batcher = self.batcher
+        field, needed = (
+            ("batcher.max_batch_size", batcher.max_batch_size)
+            if batcher.mode == "batch"
+            else ("batcher.max_inflight", batcher.max_inflight)
+        )
+        if needed != "auto" and self.max_ongoing_requests < needed:  # auto: the engine's own cap, known once up
+            raise ValueError(
+                f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= {field} ({needed}), "
+                "or the engine can never be filled"
+            )
+        if self.sampling.max_tokens > self.max_tokens_limit:
+            raise ValueError(
+                f"sampling.max_tokens ({self.sampling.max_tokens}) must be <= max_tokens_limit "
+                f"({self.max_tokens_limit})"
+            )
+        return self
+
+    @property
+    def max_model_len(self) -> int:
+        """The context length of the selected engine."""
+        return self.vllm.max_model_len if self.engine == "vllm" else self.simulated.max_model_len

@@ -1,0 +1,143 @@
+"""The generation core: one engine, one batcher and request building, and the one path every request takes
+(:meth:`Generator.run`), whoever sends it: a Serve replica's HTTP routes and handle methods, or a Ray Data actor
+in process. Streaming first: a request's outputs come as the engine makes them.
+
+    generator = Generator(AppConfig(engine="simulated"))
+    await generator.start()
+    requests = await generator.requests.prompts(["Hello"], generator.requests.sampling(SamplingFields()))
+    async for index, output in generator.run(requests):       # deltas, then each request's GenerationResult
+        ...
+    await generator.stop()
+
+A request that fails alone (the engine failed or aborted it, its batch failed) ends with a
+:class:`GenerationResult` whose ``error`` says why: each entry point answers it as what it is (an error event, an
+exception, an error row), never as a finished generation. What fails the whole request (a full queue, the engine
+dead, the replica stopping, ``request_timeout_s``) is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from batching import BatcherStoppedError, ContinuousBatcher, TokenBatcher
+
+from ..config import AUTO_FALLBACK_TOKENS, AppConfig, BatcherSettings
+from ..engines import (
+    EngineDeadError,
+    GenerationOutput,
+    GenerationRequest,
+    GenerationResult,
+    build_engine,
+    progress,
+)
+from ..errors import GenerationError, RequestError
+from ..openai.common import SamplingFields
+from .base import Core, Observer
+from .requests import RequestBuilder, parse
+from .streams import FutureStream, merge
+
+FATAL = (EngineDeadError, BatcherStoppedError)
+"""Failures of the whole request (then retried elsewhere), not of one prompt."""
+
+
+def succeeded(result: GenerationResult, index: int = 0) -> GenerationResult:
+    """``result``, or :class:`~serve_app.errors.GenerationError` if prompt ``index`` failed."""
+    if result.failed:
+        raise GenerationError(f"prompt {index} failed in the engine: {result.error}")
+    return result
+
+
+def check(results: Sequence[GenerationResult]) -> list[GenerationResult]:
+    """``results``, or :class:`~serve_app.errors.GenerationError` for the first that failed."""
+    return [succeeded(result, index) for index, result in enumerate(results)]
+
+
+class Generator(Core[AppConfig, BatcherSettings]):
+    """The generation core (see the module's docstring)."""
+
+    def __init__(self, config: AppConfig, observer: Observer | None = None) -> None:
+        engine = build_engine(config)
+        self.requests = RequestBuilder(engine, config)
+        super().__init__(config, engine, observer)
+
+    def _new_batcher(self, settings: BatcherSettings) -> TokenBatcher | ContinuousBatcher:
+        """``settings.mode``'s batcher; ``auto`` sizes come from the engine (its KV cache, its running cap)."""
+        engine = self.engine
+        if settings.mode == "batch":
+            kwargs = settings.batcher_kwargs(engine.kv_cache_tokens() or AUTO_FALLBACK_TOKENS)
+            self.budget = kwargs["target_batch_tokens"] * kwargs["max_concurrent_batches"]
+            return TokenBatcher(self._process_batch, **kwargs)
+        kwargs = settings.batcher_kwargs(engine.kv_cache_tokens(), engine.max_running())
+        self.budget = kwargs["max_inflight_cost"]
+        return ContinuousBatcher(self._process_one, progress_fn=progress, **kwargs)
+
+    async def _process_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
+        """Batch mode: one batch into the engine."""
+        self._started(batch, batch=True)
+        return await self.engine.generate(batch)
+
+    async def _process_one(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
+        """Continuous mode: one admitted request's engine stream."""
+        self._started([request], batch=False)
+        async for output in self.engine.stream(request):
+            yield output
+
+    # -- The one path --------------------------------------------------------------------------------------
+
+    def run(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, GenerationOutput]]:
+        """Queue ``requests``, all or none (a full queue raises :class:`~batching.QueueFullError` at once), and
+        yield their outputs as ``(index, output)`` as they come; each request ends with its result. Leaving the
+        iteration early withdraws or aborts what has not finished."""
+        if isinstance(self.batcher, ContinuousBatcher):
+            streams = self._queue(self.batcher.stream_batch_nowait, requests)
+        else:
+            futures = self._queue(self.batcher.submit_batch_nowait, requests)
+            streams = [FutureStream(f, r.request_id, self.engine.abort) for f, r in zip(futures, requests)]
+        return self._outputs(requests, streams)
+
+    async def _outputs(self, requests: list[GenerationRequest], streams: list[Any]) -> AsyncIterator[Any]:
+        with self._holding(len(requests)) as finished:
+            try:
+                async for index, output in merge(streams, self.config.request_timeout_s):
+                    if isinstance(output, FATAL):
+                        raise output
+                    if isinstance(output, BaseException):  # this request failed alone (its batch failed, ...)
+                        output = GenerationResult.failure(requests[index], f"{type(output).__name__}: {output}")
+                    elif isinstance(output, GenerationResult) and output.finish_reason == "abort":
+                        error = "the engine aborted it before it finished"
+                        output = GenerationResult.failure(requests[index], error, output.output_tokens)
+                    if isinstance(output, GenerationResult):
+                        finished[0] += 1
+                    yield index, output
+            finally:
+                for stream in streams:
+                    await stream.aclose()
+
+    async def results(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Every request's final result, in order (a failed one with its ``error``)."""
+        results: list[Any] = [None] * len(requests)
+        async for index, output in self.run(requests):
+            if isinstance(output, GenerationResult):
+                results[index] = output
+        return results
+
+    async def complete(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Every request's result, in order, or :class:`~serve_app.errors.GenerationError` if one failed."""
+        return check(await self.results(requests))
+
+    async def rows(self, prompts: Sequence[Any], sampling: dict[str, Any] | SamplingFields) -> list[dict[str, Any]]:
+        """One dict per prompt (``text``, ``prompt_tokens``, ``output_tokens``, ``finish_reason``, ``error``): a
+        prompt that is refused or fails gets its ``error`` in its own row; the others go on."""
+        fields = sampling if isinstance(sampling, SamplingFields) else parse(SamplingFields, sampling)
+        rows = await self.requests.rows(prompts, self.requests.sampling(fields))
+        valid = [row for row in rows if isinstance(row, GenerationRequest)]
+        results = iter(await self.results(valid) if valid else [])
+        return [
+            error_row(f"invalid: {row}") if isinstance(row, RequestError) else next(results).to_dict() for row in rows
+        ]
+
+
+def error_row(message: str) -> dict[str, Any]:
+    """The row of a prompt that failed: no text, ``error`` set."""
+    return {"text": "", "prompt_tokens": 0, "output_tokens": 0, "finish_reason": "error", "error": message}

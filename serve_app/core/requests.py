@@ -1,0 +1,182 @@
+"""Request building for the generation core: every check a generation request gets, in one place. The body's own
+refusals (fields this server cannot honour) and model, the app's limits, each prompt's text, and its tokens against
+the model's context; then tokenized (off the event loop, by the engine's own tokenizer) into engine requests.
+
+A batch of prompts is checked row by row (:meth:`RequestBuilder.rows`: one bad prompt is that row's problem alone,
+as Ray Data jobs need) or all or none (:meth:`RequestBuilder.prompts`: the first problem refuses the request, as an
+HTTP request is answered)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..config import AppConfig
+from ..engines import Engine, GenerationRequest, SamplingOptions
+from ..errors import ModelNotFoundError, RequestError, validation_error
+from ..openai.chat import ChatCompletionRequest
+from ..openai.common import SamplingFields, is_valid_unicode
+from ..openai.completions import CompletionRequest
+from .base import check_batch
+
+_NOT_SAMPLING = {"max_tokens", "temperature", "top_p", "stop", "seed", "logit_bias"}
+
+
+def parse(model: type[BaseModel], data: Any) -> Any:
+    """Validate ``data`` as ``model``, raising :class:`RequestError` (a ``ValueError`` Ray carries through a
+    handle, unlike pydantic's) that names each bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+
+
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+class RequestBuilder:
+    """Checks and tokenizes requests against one engine and the app's limits."""
+
+    def __init__(self, engine: Engine, config: AppConfig) -> None:
+        self.engine = engine
+        self.config = config
+
+    def check(self, body: SamplingFields, model: str | None = None) -> SamplingOptions:
+        """Refuse what ``body`` asks for that cannot be honoured, and a model this server does not serve; return
+        its sampling merged with the app's defaults."""
+        if model is not None and model not in (self.config.model_name, self.config.model):
+            served = self.config.model_name
+            raise ModelNotFoundError(f"The model `{model}` does not exist; this server serves `{served}`")
+        for field, why in body.refusals():
+            raise RequestError(f"{field}: {why}", param=field)
+        return self.sampling(body)
+
+    def sampling(self, fields: SamplingFields) -> SamplingOptions:
+        """Merge per-request sampling with the app's defaults (then vLLM's) and check the limits."""
+        defaults = self.config.sampling
+        max_tokens = fields.max_tokens if fields.max_tokens is not None else defaults.max_tokens
+        if max_tokens > self.config.max_tokens_limit:
+            raise RequestError(
+                f"max_tokens={max_tokens} exceeds this server's limit of {self.config.max_tokens_limit}",
+                param="max_tokens",
+            )
+        stop = fields.stop if fields.stop is not None else defaults.stop
+        given = fields.model_dump(exclude_none=True, exclude=_NOT_SAMPLING)
+        given = {name: value for name, value in given.items() if name in SamplingOptions.__dataclass_fields__}
+        if "stop_token_ids" in given:
+            given["stop_token_ids"] = tuple(given["stop_token_ids"])
+        return SamplingOptions(
+            max_tokens=max_tokens,
+            temperature=fields.temperature if fields.temperature is not None else defaults.temperature,
+            top_p=fields.top_p if fields.top_p is not None else defaults.top_p,
+            stop=tuple(stop or ()),
+            seed=fields.seed if fields.seed is not None else defaults.seed,
+            logit_bias=tuple((int(token), bias) for token, bias in (fields.logit_bias or {}).items()),
+            **given,
+        )
+
+    # -- Prompts ------------------------------------------------------------------------------------------
+
+    def _check_list(self, prompts: Any, n: int) -> None:
+        limit = self.config.max_prompts_per_request
+        check_batch(prompts, "prompts", "prompts", limit)
+        if len(prompts) * n > limit:
+            raise RequestError(
+                f"{len(prompts)} prompts x n={n} in one request; at most {limit} are allowed", param="prompts"
+            )
+
+    def _check_text(self, text: str, what: str) -> None:
+        if len(text) > self.config.max_prompt_chars:
+            raise RequestError(
+                f"{what} has {len(text)} characters; at most {self.config.max_prompt_chars} are accepted"
+            )
+        if not is_valid_unicode(text):
+            raise RequestError(f"{what} is not valid Unicode (it holds a lone surrogate such as '\\ud800')")
+
+    def _check_prompt(self, prompt: Any, what: str) -> None:
+        if _is_token_ids(prompt):
+            if not prompt:
+                raise RequestError(f"{what} is empty")
+        elif isinstance(prompt, str):
+            if not prompt.strip():
+                raise RequestError(f"{what} is empty")
+            self._check_text(prompt, what)
+        else:
+            raise RequestError(f"{what} must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    async def rows(
+        self, prompts: Sequence[str] | Sequence[Sequence[int]], sampling: SamplingOptions, n: int = 1
+    ) -> list[GenerationRequest | RequestError]:
+        """``n`` engine requests per prompt (text, or token ids), in order, or the prompt's own problem in its
+        place (a problem with the list itself, such as too many prompts, is raised)."""
+        self._check_list(prompts, n)
+        rows: list[GenerationRequest | RequestError] = []
+        problems: dict[int, RequestError] = {}
+        for index, prompt in enumerate(prompts):
+            try:
+                self._check_prompt(prompt, f"prompts[{index}]")
+            except RequestError as exc:
+                problems[index] = exc
+        texts = {i: p for i, p in enumerate(prompts) if i not in problems and isinstance(p, str)}
+        tokens = dict(zip(texts, await self.engine.encode(list(texts.values())))) if texts else {}
+        for index, prompt in enumerate(prompts):
+            if index in problems:
+                rows += [problems[index]] * n
+                continue
+            token_ids, text = (tokens[index], prompt) if index in tokens else (list(prompt), "")
+            try:
+                rows += [self._request(token_ids, text, sampling, f"prompts[{index}]") for _ in range(n)]
+            except RequestError as exc:
+                rows += [exc] * n
+        return rows
+
+    async def prompts(
+        self, prompts: Sequence[str] | Sequence[Sequence[int]], sampling: SamplingOptions, n: int = 1
+    ) -> list[GenerationRequest]:
+        """Like :meth:`rows`, all or none: the first prompt's problem refuses the request."""
+        rows = await self.rows(prompts, sampling, n)
+        for row in rows:
+            if isinstance(row, RequestError):
+                raise row
+        return rows  # type: ignore[return-value]
+
+    async def chat(
+        self, messages: Sequence[dict[str, str]], sampling: SamplingOptions, n: int = 1
+    ) -> list[GenerationRequest]:
+        """``n`` engine requests for a conversation (``{"role", "content"}`` dicts, content as text), with the
+        model's chat template applied."""
+        if not messages:
+            raise RequestError("messages must not be empty", param="messages")
+        for index, message in enumerate(messages):
+            self._check_text(message.get("content", ""), f"messages[{index}].content")
+        token_ids, text = await self.engine.encode_chat(messages)
+        return [self._request(token_ids, text, sampling, "messages") for _ in range(n)]
+
+    # -- OpenAI bodies ------------------------------------------------------------------------------------
+
+    async def completion(self, body: CompletionRequest) -> list[GenerationRequest]:
+        """A completions body's requests, ``n`` per prompt; with ``echo``, each carries its prompt's text."""
+        requests = await self.prompts(body.prompts(), self.check(body, body.model), n=body.n)
+        if body.echo:
+            for request in requests:
+                request.prompt_text = request.prompt_text or await self.engine.decode(request.prompt_token_ids)
+        return requests
+
+    async def chat_completion(self, body: ChatCompletionRequest) -> list[GenerationRequest]:
+        """A chat completions body's ``n`` requests."""
+        return await self.chat(body.conversation(), self.check(body, body.model), n=body.n)
+
+    def _request(self, token_ids: list[int], text: str, sampling: SamplingOptions, what: str) -> GenerationRequest:
+        context = self.engine.max_model_len
+        if len(token_ids) >= context:
+            raise RequestError(f"{what} has {len(token_ids)} tokens; the model's context is {context} tokens")
+        if len(token_ids) + sampling.max_tokens > context:
+            raise RequestError(
+                f"{what} has {len(token_ids)} tokens and asks for max_tokens={sampling.max_tokens}: "
+                f"{len(token_ids) + sampling.max_tokens} exceeds the model's context of {context} tokens"
+            )
+        return GenerationRequest(f"req-{uuid.uuid4().hex}", token_ids, sampling, text)

@@ -1,0 +1,166 @@
+"""``POST /v1/chat/completions``: OpenAI's request (plus vLLM's chat extensions), what of it is refused, and its
+response body and stream chunks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..engines import GenerationResult
+from .common import OpenAIRequest, Refusal, Text, new_id, usage
+from .completions import finish_reason
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only text parts can be honoured by a text-only model."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: Text | None = None
+
+
+class ChatMessage(BaseModel):
+    """A chat message; ``content`` as a string or a list of parts (OpenAI's two forms)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: Text | None = None
+    refusal: Text | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined); other parts are refused."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content)
+
+
+class ChatCompletionRequest(OpenAIRequest):
+    """OpenAI ``POST /v1/chat/completions``; ``max_completion_tokens`` is ``max_tokens`` under its newer name."""
+
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
+    metadata: dict[str, Text] | None = None
+    store: bool | None = None
+    service_tier: Text | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: Text | None = None
+    web_search_options: dict[str, Any] | None = None
+    verbosity: Text | None = None
+    prompt_cache_key: Text | None = None
+    safety_identifier: Text | None = None
+    # vLLM's chat extensions
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _newer_name(self) -> ChatCompletionRequest:
+        if self.max_completion_tokens is not None:
+            self.max_tokens = self.max_completion_tokens
+        return self
+
+    def refusals(self) -> list[Refusal]:
+        out = super().refusals()
+        if self.logprobs or self.top_logprobs:
+            out.append(("logprobs" if self.logprobs else "top_logprobs", "log probabilities are not returned"))
+        if self.response_format and self.response_format.get("type") != "text":
+            out.append(("response_format", "only response_format type 'text' is supported (no structured output)"))
+        if self.tools or self.functions:
+            out.append(("tools" if self.tools else "functions", "tool calling is not supported by this server"))
+        if self.tool_choice not in (None, "none", "auto") or self.function_call not in (None, "none", "auto"):
+            out.append(("tool_choice", "tool calling is not supported by this server"))
+        if (self.modalities and "audio" in self.modalities) or self.audio:
+            out.append(("audio", "audio output is not supported"))
+        if self.prediction:
+            out.append(("prediction", "predicted outputs are not supported"))
+        if self.web_search_options:
+            out.append(("web_search_options", "web search is not supported"))
+        if not self.add_generation_prompt or self.continue_final_message or self.chat_template_kwargs:
+            out.append(("chat_template_kwargs", "only the default chat template call is supported"))
+        for i, message in enumerate(self.messages):
+            for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
+                if part.type != "text" or part.text is None:
+                    out.append((f"messages[{i}].content[{j}]", f"content part type '{part.type}' is not supported"))
+            if message.tool_calls:
+                out.append((f"messages[{i}].tool_calls", "tool calling is not supported by this server"))
+        return out
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The messages as ``{"role", "content"}`` dicts with text content, for the chat template."""
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class ChatFormat:
+    """``/v1/chat/completions`` bodies for one request with ``n`` choices."""
+
+    def __init__(self, model: str, n: int = 1) -> None:
+        self.model, self.n = model, n
+        self.id, self.created = new_id("chatcmpl"), int(time.time())
+        self._started: set[int] = set()
+
+    def response(self, results: Sequence[GenerationResult]) -> ChatCompletion:
+        choices = [
+            ChatChoice(
+                index=i,
+                message=ChatCompletionMessage(role="assistant", content=r.text),
+                finish_reason=finish_reason(r),
+                logprobs=None,
+            )
+            for i, r in enumerate(results)
+        ]
+        return ChatCompletion(
+            id=self.id,
+            object="chat.completion",
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage(results, self.n),
+        )
+
+    def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, object="chat.completion.chunk", created=self.created, model=self.model, choices=choices, **extra
+        )
+
+    def chunks(self, index: int, text: str) -> list[ChatCompletionChunk]:
+        """A content delta; the first of each choice is preceded by the assistant role, as OpenAI sends it."""
+        out = []
+        if index not in self._started:
+            self._started.add(index)
+            role = ChoiceDelta(role="assistant", content="")
+            out.append(self._chunk([ChunkChoice(index=index, delta=role, finish_reason=None, logprobs=None)]))
+        if text:
+            delta = ChoiceDelta(content=text)
+            out.append(self._chunk([ChunkChoice(index=index, delta=delta, finish_reason=None, logprobs=None)]))
+        return out
+
+    def final_chunks(self, index: int, result: GenerationResult) -> list[ChatCompletionChunk]:
+        done = ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=finish_reason(result), logprobs=None)
+        return [*self.chunks(index, ""), self._chunk([done])]
+
+    def usage_chunk(self, results: Sequence[GenerationResult]) -> ChatCompletionChunk:
+        return self._chunk([], usage=usage(results, self.n))

@@ -1,0 +1,148 @@
+"""What the endpoints share: text and token-id types, the sampling fields (OpenAI's and vLLM's extensions), the
+fields both OpenAI generation endpoints have, token usage, and Server-Sent Events framing."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from openai.types import CompletionUsage
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from ..engines import GenerationResult
+
+DONE = "data: [DONE]\n\n"
+
+
+def is_valid_unicode(text: str) -> bool:
+    """Whether ``text`` encodes to UTF-8: JSON's ``\\ud800`` escapes decode to lone surrogates, which no
+    tokenizer and no JSON response can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _valid_unicode(value: str) -> str:
+    if not is_valid_unicode(value):
+        raise ValueError("not valid Unicode: holds a lone surrogate (such as '\\ud800')")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+"""A string that encodes to UTF-8 (JSON lets a client send lone surrogates; nothing downstream takes them)."""
+
+TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+
+Refusal = tuple[str, str]
+"""``(field, why)``: a field set to something this server cannot honour (a 400 naming it)."""
+
+
+class SamplingFields(BaseModel):
+    """Per-request sampling; a field left out takes the app's default (``max_tokens``, ``temperature``,
+    ``top_p``, ``stop``, ``seed``) or vLLM's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int | None = Field(None, ge=1, description="new tokens per prompt")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    # vLLM's sampling extensions
+    top_k: int | None = Field(None, ge=-1, description="0 or -1: off")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=2.0)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=64)
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
+        stops = [value] if isinstance(value, str) else value
+        if stops is not None:
+            if len(stops) > 16:
+                raise ValueError("at most 16 stop strings")
+            if any(not s for s in stops):
+                raise ValueError("stop strings must not be empty")
+        return stops
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isdigit() or int(key) >= 2**31:
+                raise ValueError(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+        return value
+
+    def refusals(self) -> list[Refusal]:
+        """Fields set to something this server cannot honour (none here; the endpoints add theirs)."""
+        return []
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's
+
+
+class OpenAIRequest(SamplingFields):
+    """Fields both OpenAI generation endpoints share."""
+
+    model: Text | None = None
+    n: int = Field(1, ge=1, le=16)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: Text | None = None
+    # vLLM's, accepted with its defaults only
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    priority: int = 0
+    request_id: Text | None = None
+
+    def refusals(self) -> list[Refusal]:
+        out = super().refusals()
+        if self.use_beam_search:
+            out.append(("use_beam_search", "beam search is not supported; use sampling"))
+        if self.length_penalty != 1.0:
+            out.append(("length_penalty", "length_penalty applies to beam search, which is not supported"))
+        if self.priority != 0:
+            out.append(("priority", "priority scheduling is not enabled on this server"))
+        if self.stream_options is not None and not self.stream:
+            out.append(("stream_options", "only allowed with stream=true"))
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
+            out.append(("stream_options", "continuous_usage_stats is not supported"))
+        return out
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def sse(payload: Any) -> str:
+    """One Server-Sent Event carrying a JSON payload (a pydantic model or a dict)."""
+    data = payload.model_dump_json(exclude_unset=True) if hasattr(payload, "model_dump_json") else json.dumps(payload)
+    return f"data: {data}\n\n"
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex}"
+
+
+def usage(results: Sequence[GenerationResult], n: int = 1) -> CompletionUsage:
+    """Token usage: each prompt counted once (every ``n``-th result), every completion counted."""
+    prompt = sum(r.prompt_tokens for r in results[::n])
+    completion = sum(r.output_tokens for r in results)
+    return CompletionUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

@@ -1,0 +1,68 @@
+"""``POST /v1/embeddings``: OpenAI's request (plus vLLM's ``truncate_prompt_tokens``), what of it is refused, and
+the response (the ``openai`` package's models; ``encoding_format: base64`` as OpenAI sends it, little-endian
+float32 bytes, which the OpenAI Python client asks for by default and decodes itself)."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .common import Refusal, Text, TokenId
+
+
+class EmbeddingRequestBody(BaseModel):
+    """OpenAI's embeddings request, plus vLLM's ``truncate_prompt_tokens``. Unknown fields get a 422."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, description="vLLM's extension: keep the first N tokens of a longer input (-1: the model's max)"
+    )
+
+    def inputs(self) -> list[str | list[int]]:
+        """The inputs as a list: texts, or token-id lists."""
+        value = self.input
+        if isinstance(value, str):
+            return [value]
+        if value and isinstance(value[0], int):
+            return [list(value)]  # one input given as token ids
+        return list(value)  # type: ignore[arg-type]
+
+    def refusals(self, dimensions: int) -> list[Refusal]:
+        """What cannot be honoured by a model whose vectors have ``dimensions`` dimensions."""
+        if self.dimensions is not None and self.dimensions != dimensions:
+            why = f"this model gives {dimensions}-dimensional vectors and cannot shorten them (not a Matryoshka model)"
+            return [("dimensions", why)]
+        return []
+
+
+def encode_vector(vector: list[float], fmt: str) -> list[float] | str:
+    """A vector as OpenAI sends it: floats, or base64 of little-endian float32 bytes."""
+    if fmt == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def response(model: str, vectors: Sequence[list[float]], tokens: int, fmt: str) -> dict[str, Any]:
+    """OpenAI's ``CreateEmbeddingResponse`` body."""
+    from openai.types import CreateEmbeddingResponse, Embedding
+    from openai.types.create_embedding_response import Usage
+
+    body = CreateEmbeddingResponse(
+        object="list",
+        model=model,
+        data=[Embedding(object="embedding", index=i, embedding=[]) for i in range(len(vectors))],
+        usage=Usage(prompt_tokens=tokens, total_tokens=tokens),
+    ).model_dump(mode="json")
+    for item, vector in zip(body["data"], vectors):
+        item["embedding"] = encode_vector(vector, fmt)  # set after validation: base64 is a string
+    return body

@@ -1,0 +1,74 @@
+"""HTTP answers for every FastAPI app of the project: each exception of the error table
+(:mod:`serve_app.errors`) as its status in OpenAI's envelope (``Retry-After`` on what may be retried), pydantic's
+refusals as 422 naming the field, and Server-Sent Events that end with an error event when a stream fails after its
+status line has gone out (as vLLM's server sends it), then ``[DONE]``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+
+from ..errors import ERROR_TABLE, RETRY_AFTER_S, error_body, exception_body, validation_error
+from ..openai.common import DONE, sse
+
+logger = logging.getLogger("serve_app")
+
+
+def error_response(status: int, message: str, param: str | None = None, retry: bool = False) -> Response:
+    """A JSON error in OpenAI's envelope (with ``Retry-After`` when the client should retry)."""
+    body = json.dumps(error_body(status, message, param), ensure_ascii=True)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else None
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def exception_response(exc: BaseException) -> Response:
+    """``exc`` answered as the error table says."""
+    kind, body = exception_body(exc)
+    if kind.status >= 500 and not kind.retry:
+        logger.warning("request failed: %r", exc)
+    error = body["error"]
+    return error_response(kind.status, error["message"], error["param"], kind.retry)
+
+
+async def _answer(_: Request, exc: Exception) -> Response:
+    return exception_response(exc)
+
+
+async def _invalid(_: Request, exc: RequestValidationError) -> Response:
+    """422 naming each bad field (FastAPI's own handler echoes the input unescaped)."""
+    error = validation_error(exc.errors())
+    return error_response(422, str(error), error.param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer the project's exceptions on ``app`` as the error table says; anything else is a 500 in the
+    envelope."""
+    app.add_exception_handler(RequestValidationError, _invalid)
+    for cls, _ in ERROR_TABLE:
+        app.add_exception_handler(cls, _answer)
+    app.add_exception_handler(Exception, _answer)
+
+
+def event_stream(events: AsyncIterator[str], last: Callable[[], Any] | None = None) -> StreamingResponse:
+    """Server-Sent Events: ``events``, then ``last()`` if it gives a payload, then ``[DONE]``. A failure once the
+    stream is under way is sent as an error event in OpenAI's envelope (the status line has already gone out)."""
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+            payload = last() if last is not None else None
+            if payload is not None:
+                yield sse(payload)
+        except Exception as exc:
+            logger.warning("stream failed: %r", exc)
+            yield sse(exception_body(exc)[1])
+        yield DONE
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

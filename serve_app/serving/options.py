@@ -1,0 +1,54 @@
+"""The Serve deployment options a config implies (resources, limits, backpressure, autoscaling, draining, health
+checks): one function for both applications, which share these settings (``DeploymentConfig``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import DeploymentConfig
+from ..errors import RETRY_AFTER_S
+from .autoscaling import POLICY_PATH
+
+
+def gpus_per_replica(config: DeploymentConfig) -> float:
+    """``auto``: one GPU per replica when the Ray cluster has GPUs, none otherwise (or with the simulated engine)."""
+    if config.gpus_per_replica != "auto":
+        return config.gpus_per_replica
+    if getattr(config, "engine", None) == "simulated":
+        return 0
+    import ray
+
+    if not ray.is_initialized():
+        return 0
+    return 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
+
+
+def deployment_options(config: DeploymentConfig) -> dict[str, Any]:
+    """``Deployment.options(**...)`` for ``config``."""
+    scaling = config.autoscaling
+    policy = (
+        {"policy": {"policy_function": POLICY_PATH, "policy_kwargs": {"target_tokens": scaling.target_tokens}}}
+        if scaling.metric == "tokens"
+        else {}
+    )
+    return {
+        "ray_actor_options": {"num_cpus": config.cpus_per_replica, "num_gpus": gpus_per_replica(config)},
+        "max_ongoing_requests": config.max_ongoing_requests,
+        "max_queued_requests": config.max_queued_requests,
+        "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
+        "autoscaling_config": {
+            "min_replicas": scaling.min_replicas,
+            "initial_replicas": max(1, scaling.min_replicas),
+            "max_replicas": scaling.max_replicas,
+            "target_ongoing_requests": scaling.target_ongoing_requests,
+            "upscale_delay_s": scaling.upscale_delay_s,
+            "downscale_delay_s": scaling.downscale_delay_s,
+            "look_back_period_s": scaling.look_back_period_s,
+            "metrics_interval_s": scaling.metrics_interval_s,
+            **policy,
+        },
+        "graceful_shutdown_timeout_s": config.graceful_shutdown_timeout_s,
+        "graceful_shutdown_wait_loop_s": 0.5,
+        "health_check_period_s": 5.0,
+        "health_check_timeout_s": 30.0,
+    }

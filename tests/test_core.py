@@ -1,0 +1,147 @@
+"""The cores outside Ray Serve (the generation core with the SIMULATED engine): the one request path, errors
+reported as errors, per-row validation, timeouts, withdrawal, draining. What a Serve replica and a Ray Data actor
+both stand on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from serve_app.config import AppConfig
+from serve_app.core import Generator
+from serve_app.engines import GenerationDelta, GenerationResult
+from serve_app.errors import GenerationError, RequestError
+from serve_app.openai.common import SamplingFields
+
+from .conftest import wait_for
+
+
+def core(**args) -> Generator:
+    return Generator(AppConfig.model_validate({"engine": "simulated", **args}))
+
+
+async def prompts(generator: Generator, texts: list, **sampling) -> list:
+    builder = generator.requests
+    return await builder.prompts(texts, builder.sampling(SamplingFields(**sampling)))
+
+
+async def test_one_path_streams_deltas_then_each_result_in_order():
+    generator = core(simulated={"step_s": 0.001})
+    await generator.start()
+    try:
+        requests = await prompts(generator, ["one two", "three four five"], max_tokens=3)
+        seen: dict[int, list] = {0: [], 1: []}
+        async for index, output in generator.run(requests):
+            seen[index].append(output)
+        for outputs in seen.values():
+            *deltas, result = outputs
+            assert all(isinstance(d, GenerationDelta) for d in deltas) and isinstance(result, GenerationResult)
+            assert [d.output_tokens for d in deltas] == [1, 2, 3]
+            assert "".join(d.text for d in deltas) == result.text and not result.failed
+        assert generator.stats()["requests"] == {"ongoing": 0, "peak": 1, "abandoned": 0}
+    finally:
+        await generator.stop()
+
+
+@pytest.mark.parametrize("marker", ["__simulated_fail__", "__simulated_raise__"])
+async def test_a_prompt_that_fails_ends_with_an_error_result_never_a_finish_reason(marker):
+    generator = core(simulated={"step_s": 0.001})
+    await generator.start()
+    try:
+        requests = await prompts(generator, ["fine", f"{marker} here"], max_tokens=2)
+        results = await generator.results(requests)
+        assert not results[0].failed and results[0].finish_reason == "length"
+        assert results[1].failed and results[1].finish_reason == "error" and results[1].error
+        with pytest.raises(GenerationError, match="prompt 1 failed"):
+            await generator.complete(await prompts(generator, ["fine", f"{marker} again"], max_tokens=2))
+    finally:
+        await generator.stop()
+
+
+async def test_a_request_the_engine_aborts_while_its_caller_waits_is_a_failure():
+    generator = core(simulated={"step_s": 0.02})
+    await generator.start()
+    try:
+        (request,) = await prompts(generator, ["a long one"], max_tokens=200)
+        task = asyncio.ensure_future(generator.results([request]))
+        await wait_for(lambda: generator.engine.stats()["running"] == 1, 10, "the request to run", interval=0.01)
+        await generator.engine.abort(request.request_id)  # the engine ends it: vLLM's finish reason "abort"
+        (result,) = await asyncio.wait_for(task, 10)
+        assert result.failed and "aborted" in result.error and result.output_tokens < 200
+    finally:
+        await generator.stop()
+
+
+async def test_rows_keep_each_prompts_problem_in_its_own_row():
+    generator = core(simulated={"step_s": 0.001})
+    await generator.start()
+    try:
+        rows = await generator.rows(["fine", "   ", "x" * 9000, 5, "__simulated_fail__"], {"max_tokens": 2})
+        assert [r["error"] is None for r in rows] == [True, False, False, False, False]
+        assert rows[0]["text"] == "[simulated] fine fine" and rows[0]["output_tokens"] == 2
+        assert rows[1]["error"] == "invalid: prompts[1] is empty"
+        assert "invalid: prompts[2] has 2250 tokens" in rows[2]["error"]
+        assert "invalid: prompts[3] must be a string" in rows[3]["error"]
+        assert "simulated failure" in rows[4]["error"] and not rows[4]["error"].startswith("invalid")
+        for bad, words in (([], "no prompts"), ("one string", "got a single string"), (["x"] * 300, "at most")):
+            with pytest.raises(RequestError, match=words):  # what is wrong with the call itself is raised
+                await generator.rows(bad, {})
+        with pytest.raises(RequestError, match="max_tokens"):
+            await generator.rows(["fine"], {"max_tokens": 0})
+        assert generator.engine.stats()["requests"] == 2  # only the valid rows reached the engine
+    finally:
+        await generator.stop()
+
+
+async def test_request_timeout_withdraws_and_aborts_what_has_not_finished():
+    generator = core(simulated={"step_s": 0.05}, request_timeout_s=0.3, batcher={"max_inflight": 1})
+    await generator.start()
+    try:
+        requests = await prompts(generator, ["running", "queued"], max_tokens=100)
+        with pytest.raises(TimeoutError, match=r"request_timeout_s=0\.3"):
+            await generator.results(requests)
+        stats = generator.stats()
+        assert stats["batcher"]["in_flight"] == 0 and stats["batcher"]["queue_depth"] == 0  # freed at once
+        assert stats["requests"]["abandoned"] == 2
+        await wait_for(lambda: generator.engine.stats()["aborts"] == 1, 10, "the engine abort", interval=0.01)
+        assert generator.engine.stats()["requests"] == 1  # the running one was aborted; the queued one never ran
+    finally:
+        await generator.stop()
+
+
+@pytest.mark.parametrize("mode", ["continuous", "batch"])
+async def test_leaving_the_stream_early_frees_the_batcher_and_aborts_the_engine(mode):
+    engine = {"step_s": 0.02} if mode == "continuous" else {"step_s": 0.02, "padded": True}
+    generator = core(simulated=engine, batcher={"mode": mode})
+    await generator.start()
+    try:
+        (request,) = await prompts(generator, ["leave early"], max_tokens=50)
+        outputs = generator.run([request])
+        if mode == "continuous":
+            assert isinstance((await outputs.__anext__())[1], GenerationDelta)
+        else:
+            pending = asyncio.ensure_future(outputs.__anext__())
+            await wait_for(lambda: generator.engine.stats()["batches"] == 1, 10, "the batch to start", interval=0.01)
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        await outputs.aclose()
+        await wait_for(lambda: generator.engine.stats()["aborts"] == 1, 10, "the engine abort", interval=0.01)
+        # continuous: its place is free at once; batch: when the static batch it was part of ends
+        await wait_for(lambda: generator.batcher.stats.in_flight == 0, 10, "the batcher to free it", interval=0.01)
+        assert generator.stats()["requests"]["abandoned"] == 1
+    finally:
+        await generator.stop()
+
+
+async def test_stop_drains_what_is_queued_then_releases_the_engine():
+    generator = core(simulated={"step_s": 0.01}, batcher={"max_inflight": 2})
+    await generator.start()
+    requests = await prompts(generator, [f"p{i}" for i in range(6)], max_tokens=3)
+    task = asyncio.ensure_future(generator.results(requests))
+    await wait_for(lambda: generator.batcher.stats.total_submitted == 6, 10, "all six queued", interval=0.01)
+    await generator.stop(timeout=30)
+    results = await task
+    assert [r.text for r in results] == [f"[simulated] p{i} p{i} p{i}" for i in range(6)]
+    with pytest.raises(Exception, match="dead"):
+        await generator.check_health()
