@@ -1,6 +1,10 @@
 """``make bench``: every benchmark in one run on this machine; a Markdown table and PNG plots in
 ``benchmarks/results/``. ``--quick`` runs smaller versions (a few minutes).
 
+Each benchmark's section goes to ``benchmarks/results/<name>.md`` and all of them to ``RESULTS.md``; nothing else is
+written. The README's performance summary and ``docs/performance.md`` are edited by hand, and notes on runs made
+outside this script (paired rounds, experiments) go to ``benchmarks/results/*-history.md``, which no run overwrites.
+
     python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e autoscale embeddings]
 """
 
@@ -11,7 +15,6 @@ import json
 import math
 import os
 import platform
-import re
 import sys
 import time
 from collections.abc import Iterable
@@ -21,8 +24,6 @@ from typing import Any
 from batching.stats import percentile as sorted_percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
-README = Path(__file__).resolve().parent.parent / "README.md"
-MARKERS = ("<!-- results:start -->", "<!-- results:end -->")
 
 
 def png(name: str, quick: bool) -> str:
@@ -449,21 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / f"RESULTS{suffix}.md"
     out.write_text(header + "\n".join(parts))
     print(f"wrote {out}")
-    if not args.quick and splice_readme("\n".join(parts)):
-        print(f"updated {README}'s Performance section")
     return 0
-
-
-def splice_readme(results: str) -> bool:
-    """Put the full run's sections between the README's result markers (plots linked from the README)."""
-    text = README.read_text() if README.exists() else ""
-    if any(m not in text for m in MARKERS):
-        return False
-    before, rest = text.split(MARKERS[0], 1)
-    _, after = rest.split(MARKERS[1], 1)
-    body = re.sub(r"\]\(([\w.-]+\.png)\)", r"](benchmarks/results/\1)", results)
-    README.write_text(f"{before}{MARKERS[0]}\n{body}\n{MARKERS[1]}{after}")
-    return True
 
 
 if __name__ == "__main__":
