@@ -6,8 +6,10 @@ A drop-in for ``flyte.extras``' batcher API (change only the import)::
 
 Two modes: *batch* (:class:`DynamicBatcher` / :class:`TokenBatcher`) cuts budgeted batches for engines that
 run static, padded batches; *continuous* (:class:`ContinuousBatcher`) admits records one by one under an
-in-flight budget and streams each record's outputs, for engines that batch continuously (vLLM). Their
-statistics: :class:`BatchStats` (batches) and :class:`AdmissionStats` (admissions).
+in-flight budget and streams each record's outputs, for engines that batch continuously (vLLM), by priority
+(with aging, a share cap for lower priorities and fair share between tenants). Their statistics:
+:class:`BatchStats` (batches) and :class:`AdmissionStats` (admissions); both estimate the wait behind their
+queue (``expected_wait``), which every :class:`QueueFullError` carries as ``retry_after_s``.
 
 Standard library only; ``batching.estimators.HFTokenCounter`` optionally uses ``transformers``.
 """
@@ -25,8 +27,8 @@ from .protocols import (
     TokenEstimatorFn,
 )
 from .record_stream import RecordStream
-from .scheduling import peak_cost
 from .stats import AdmissionStats, BatchStats
+from .tickets import peak_cost
 from .token_batcher import TokenBatcher
 
 __all__ = [

@@ -1,6 +1,7 @@
-"""What both batcher modes share: argument checks, the lifecycle, refusal, cost resolution and the wait for
-queue room. :class:`~batching.DynamicBatcher` (batches) and :class:`~batching.ContinuousBatcher`
-(admission) derive from :class:`BaseBatcher` and add only what is their own."""
+"""What both batcher modes share: argument checks, the lifecycle, refusal, cost resolution, the wait for
+queue room and the expected wait behind the queue. :class:`~batching.DynamicBatcher` (batches) and
+:class:`~batching.ContinuousBatcher` (admission) derive from :class:`BaseBatcher` and add only what is their
+own."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from .admission import Admission
-from .errors import BatcherStoppedError
+from .errors import BatcherStoppedError, QueueFullError
+from .rates import DrainRate
 from .recorders import Recorder
 
 __all__ = ["IDLE", "RUNNING", "STOPPING", "BaseBatcher", "check_cost", "positive_int"]
@@ -47,10 +49,15 @@ def check_cost(cost: Any, source: str) -> int:
 class BaseBatcher:
     """The lifecycle (idle, running, stopping), the bounded queue and its admission, and record costs.
 
-    A subclass sets ``_recorder_type`` (its statistics), fills in :meth:`_launch` (what ``start`` begins) and
-    :meth:`_drain` (how ``stop`` finishes the work), and its own ``stats`` snapshot. The queue is a deque of
-    whatever the subclass queues; ``_queued_cost`` is their summed cost.
+    A subclass sets ``_recorder_type`` (its statistics), fills in :meth:`_launch` (what ``start`` begins),
+    :meth:`_drain` (how ``stop`` finishes the work) and :meth:`_backlog` (what must leave before new work
+    goes), notes in ``_drain_rate`` the work that leaves, and adds its own ``stats`` snapshot. The queue is
+    what :meth:`_new_queue` makes (a deque by default) of whatever the subclass queues; ``_queued_cost`` is
+    their summed cost.
     """
+
+    RATE_WINDOW_S = 10.0
+    """The recent window (seconds) over which the rate of work leaving is measured, for :meth:`expected_wait`."""
 
     _cost_methods: tuple[str, ...] = ("estimate_cost",)
     """The record methods asked for a cost, in order, when neither an explicit cost nor an estimator is given."""
@@ -76,11 +83,16 @@ class BaseBatcher:
         self._default_cost = check_cost(default_cost, "default_cost")
         self._stats = self._recorder_type(positive_int("latency_samples", latency_samples))
         self._state = IDLE
-        self._queue: deque[Any] = deque()
+        self._queue = self._new_queue()
         self._queued_cost = 0
+        self._drain_rate = DrainRate(self.RATE_WINDOW_S)
         self._admission = Admission(self._max_queue_size, self._queue.__len__)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clock: Callable[[], float] = time.monotonic
+
+    def _new_queue(self) -> Any:
+        """The queue, made once in ``__init__``: anything with ``len``."""
+        return deque()
 
     # -- Lifecycle -----------------------------------------------------------------------------------
 
@@ -142,6 +154,29 @@ class BaseBatcher:
         """Accept nothing more: refuse new records and fail the producers waiting for queue room."""
         self._state = STOPPING
         self._admission.close(self._stopping_error())
+
+    # -- The expected wait ---------------------------------------------------------------------------
+
+    def expected_wait(self, cost: int = 0, count: int = 1) -> float | None:
+        """Seconds until ``count`` more records of total ``cost``, queued now behind everything queued, would
+        all be admitted (continuous mode) or start in a batch (batch mode), at the rate at which records
+        and cost have been leaving over the last ``RATE_WINDOW_S`` seconds (the slower decides).
+
+        0.0 when they would go at once; ``None`` when they would wait but nothing has finished lately, so
+        there is no basis for an estimate. What a refusal's ``Retry-After`` and ``max_queue_wait_s`` use.
+        """
+        cost_over, count_over = self._backlog(check_cost(cost, "cost"), check_cost(count, "count"))
+        return self._drain_rate.wait(self._clock(), cost_over, count_over)
+
+    def _backlog(self, cost: int, count: int) -> tuple[int, int]:
+        """(cost, records) that must leave before ``count`` more records of ``cost`` would all go, behind
+        what is queued now (at most 0 each when they would go at once)."""
+        raise NotImplementedError
+
+    def _refusal(self, message: str, cost: int, count: int, wait: float | None = None) -> QueueFullError:
+        """A :class:`~batching.QueueFullError` refusing ``count`` records of ``cost``, with the expected wait
+        (``wait`` if already known) as its ``retry_after_s``."""
+        return QueueFullError(message, retry_after_s=self.expected_wait(cost, count) if wait is None else wait)
 
     # -- Submission ----------------------------------------------------------------------------------
 

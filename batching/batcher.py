@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from typing import Generic
 
 from .base import RUNNING, STOPPING, positive_int
-from .errors import QueueFullError
 from .policies import COST, ENQUEUED_AT, FUTURE, Entry, take_fifo, take_length_aware
 from .processing import BatchProcessor, wake
 from .protocols import CostEstimatorFn, ProcessFn, RecordT, ResultT
@@ -166,7 +165,7 @@ class DynamicBatcher(BatchProcessor, Generic[RecordT, ResultT]):
         if self._state is not RUNNING:
             self._refuse()
         cost = self._cost_of(record, estimated_cost)
-        self._check_room(1)
+        self._check_room(1, cost)
         return self._enqueue(record, cost)
 
     async def submit_batch(
@@ -194,7 +193,7 @@ class DynamicBatcher(BatchProcessor, Generic[RecordT, ResultT]):
         if self._state is not RUNNING:
             self._refuse()
         costs = self._costs_of(records, estimated_cost)
-        self._check_room(len(costs))
+        self._check_room(len(costs), sum(costs))
         return [self._enqueue(record, cost) for record, cost in zip(records, costs)]
 
     # -- Lifecycle -----------------------------------------------------------------------------------
@@ -212,11 +211,13 @@ class DynamicBatcher(BatchProcessor, Generic[RecordT, ResultT]):
 
     # -- Submission ----------------------------------------------------------------------------------
 
-    def _check_room(self, count: int) -> None:
+    def _check_room(self, count: int, cost: int) -> None:
         if not self._admission.has_room(count) and not (self._purge_cancelled() and self._admission.has_room(count)):
-            raise QueueFullError(
+            raise self._refusal(
                 f"queue full: {len(self._queue)} of max_queue_size={self._max_queue_size} records queued, "
-                f"{count} more asked for"
+                f"{count} more asked for",
+                cost,
+                count,
             )
 
     def _purge_cancelled(self) -> int:

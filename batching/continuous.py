@@ -19,26 +19,32 @@ Example::
                 print(token, end="")
         last = await (await batcher.submit(Prompt("2+2?")))          # a future of the last output
 
+Online and batch traffic together: each record has a ``priority`` (lower runs first; vLLM's meaning) and a
+``tenant``; lower numbers are admitted first, waiting records age so none starves, lower priorities can be
+held to a share of the budget while higher ones are about (``low_priority_share``), and tenants of one
+priority can share it fairly by admitted cost (``fair_share``).
+
 Guarantees (property-tested): the cost in flight never exceeds the budget except a single record costlier
 than the whole budget, which then runs alone; every future and stream handed out ends exactly once; strict
-FIFO admission by default (the head waits rather than being overtaken); a cancelled record leaves the queue
-or the engine at once and its cost returns to the budget; ``stop()`` drains; the queue is bounded.
+head-of-line admission by default (the record chosen next waits rather than being overtaken: FIFO within a
+priority); a cancelled record leaves the queue or the engine at once and its cost returns to the budget;
+``stop()`` drains; the queue is bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Generic, Literal, NoReturn
+import numbers
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from typing import Any, Generic, Literal
 
-from .base import RUNNING, check_cost, positive_int
-from .errors import BatcherStoppedError, QueueFullError
+from .base import positive_int
+from .intake import RecordIntake
 from .protocols import CostEstimatorFn, RecordT, ResultT
 from .record_stream import RecordStream
-from .scheduling import RecordScheduler, Ticket, peak_cost
 from .stats import AdmissionStats
+from .tickets import peak_cost
 
 __all__ = ["ContinuousBatcher", "RecordStream", "peak_cost"]
 
@@ -47,7 +53,20 @@ StreamFn = Callable[[RecordT], AsyncIterator[ResultT] | Awaitable[ResultT]]
 ``async def`` returning the one result."""
 
 
-class ContinuousBatcher(RecordScheduler, Generic[RecordT, ResultT]):
+def _number(name: str, value: Any, low: float, high: float = math.inf, *, open_low: bool = False) -> float:
+    """``value`` as a float within [``low``, ``high``] (``open_low``: above ``low``); else ``ValueError``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (value > low if open_low else value >= low)
+        or not value <= high
+    ):
+        bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+        raise ValueError(f"{name} must be a number in {bounds}, got {value!r}")
+    return float(value)
+
+
+class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
     """Admit records into ``process_fn`` one by one while their cost in flight fits a budget.
 
     Args:
@@ -64,7 +83,7 @@ class ContinuousBatcher(RecordScheduler, Generic[RecordT, ResultT]):
             ``*_nowait`` forms raise :class:`~batching.QueueFullError`.
         order: ``"fifo"`` (strict: the head waits rather than be overtaken) or ``"length_aware"``: the
             cheapest record within the first ``lookahead`` goes first, unless the head has waited
-            ``max_wait_s`` (aging), which then goes first and waits for room.
+            ``max_wait_s``, which then goes first and waits for room. Both within a priority (and tenant).
         peak_estimate: admit on LightLLM's peak estimate (:func:`peak_cost`) instead of the sum of final
             costs: records part-way through have not grown to their final size, and short ones free their
             tokens before long ones peak, so more fit. Needs each record's ``growth`` (tokens it may add
@@ -73,14 +92,36 @@ class ContinuousBatcher(RecordScheduler, Generic[RecordT, ResultT]):
         max_queue_wait_s: shed load early: the ``*_nowait`` forms raise :class:`~batching.QueueFullError`
             when the records would have to wait longer than this for admission, estimated from what is queued
             ahead and the rate at which cost and records have been leaving the engine over the last
-            ``RATE_WINDOW_S`` (no estimate, and no refusal, before anything has finished). A request that
-            would miss its latency objective anyway is better refused at once (503 + Retry-After) than
-            queued, where it also delays the ones behind it. ``None`` (default): only the queue size bounds.
+            ``RATE_WINDOW_S`` (:meth:`expected_wait`; no estimate, and no refusal, before anything has
+            finished). A request that would miss its latency objective anyway is better refused at once (503
+            + Retry-After) than queued, where it also delays the ones behind it. ``None`` (default): only the
+            queue size bounds. Every refusal's ``retry_after_s`` is that estimate.
+        priority_fn: ``(record) -> int``, its priority: lower numbers are admitted first (vLLM's meaning:
+            interactive calls 0, batch jobs more). Default: ``record.priority``, else 0. Within a priority,
+            ``order`` applies (``lookahead`` and ``max_wait_s`` included). Strict head of line across
+            priorities too: the record chosen next waits for room rather than let another one pass.
+        aging_s: a queued record's effective priority improves by one level for every ``aging_s`` seconds
+            it has waited (ties: the lower base priority), so lower priorities are never starved: under a
+            stream of fresh priority-``q`` records, one of priority ``p`` goes next once it has waited
+            ``(p - q + 1) * aging_s``. ``None``: no aging (strict priority).
+        low_priority_share: while a record of a higher priority (a smaller number) is queued or in flight,
+            or left within ``share_hold_s``, the records of each lower priority and below may hold together
+            at most this share of ``max_inflight_cost`` and of ``max_inflight``, so interactive work that
+            arrives while a batch job fills the engine finds room at once. A record of priority ``p`` is
+            admitted only if the in-flight cost and count of priorities ``>= p``, with it, stay within the
+            share, or if none of them is in flight (a lone record always runs). 1.0 (default): no cap.
+        share_hold_s: how long the share cap outlasts the last higher-priority record (bursts of
+            interactive traffic have gaps; without a hold the batch job refills the engine in each one).
+        fair_share: share each priority fairly between tenants (token-weighted virtual counters, VTC:
+            Sheng et al., OSDI'24): the tenant with the least admitted cost goes next; a tenant that comes
+            back after being idle starts level with the least served of those waiting, so idle time banks
+            no credit. Two tenants with backlogs get admitted cost within one record's cost of each
+            other. Default off: arrival order across tenants.
+        tenant_fn: ``(record) -> hashable``, its tenant for ``fair_share`` (an API key, the OpenAI ``user``,
+            a job id). Default: ``record.tenant``, else None (one shared tenant).
         default_cost: the cost of a record with no other estimate.
         latency_samples: how many recent per-record latencies the percentiles in ``stats`` cover.
     """
-
-    RATE_WINDOW_S = 10.0
 
     _cost_methods: tuple[str, ...] = ("estimate_tokens", "estimate_cost")
 
@@ -99,9 +140,24 @@ class ContinuousBatcher(RecordScheduler, Generic[RecordT, ResultT]):
         growth_estimator: CostEstimatorFn[RecordT] | None = None,
         progress_fn: Callable[[ResultT], int] | None = None,
         max_queue_wait_s: float | None = None,
+        priority_fn: Callable[[RecordT], int] | None = None,
+        aging_s: float | None = 30.0,
+        low_priority_share: float = 1.0,
+        share_hold_s: float = 5.0,
+        fair_share: bool = False,
+        tenant_fn: Callable[[RecordT], Hashable | None] | None = None,
         default_cost: int = 1,
         latency_samples: int = 10_000,
     ) -> None:
+        for name, fn in (("priority_fn", priority_fn), ("tenant_fn", tenant_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable or None, got {fn!r}")
+        self._priority_fn = priority_fn
+        self._tenant_fn = tenant_fn
+        self._aging = None if aging_s is None else _number("aging_s", aging_s, 0.0, open_low=True)
+        self._share = _number("low_priority_share", low_priority_share, 0.0, 1.0, open_low=True)
+        self._share_hold = _number("share_hold_s", share_hold_s, 0.0)
+        self._fair = bool(fair_share)  # the queue (made in super().__init__) needs these four
         super().__init__(
             process_fn,
             cost_estimator,
@@ -134,7 +190,8 @@ class ContinuousBatcher(RecordScheduler, Generic[RecordT, ResultT]):
         self._running = set()
         self._inflight_cost = 0
         self._drained = None
-        self._leaving = deque()
+        self._halted = False
+        self._share_timer = None
 
     # -- Public API ----------------------------------------------------------------------------------
 
@@ -152,7 +209,12 @@ class ContinuousBatcher(RecordScheduler, Generic[RecordT, ResultT]):
     def stats(self) -> AdmissionStats:
         """A fresh :class:`~batching.AdmissionStats` snapshot; ``stats.to_dict()`` gives a plain dict for export."""
         return self._stats.snapshot(
-            len(self._queue), self._queued_cost, len(self._running), self._inflight_cost, self._budget
+            len(self._queue),
+            self._queued_cost,
+            len(self._running),
+            self._inflight_cost,
+            self._budget,
+            self._queue.held_by_priority(),
         )
 
     async def submit(self, record: RecordT, *, estimated_cost: int | None = None) -> asyncio.Future[ResultT]:
@@ -185,101 +247,3 @@ class ContinuousBatcher(RecordScheduler, Generic[RecordT, ResultT]):
     ) -> list[RecordStream[ResultT]]:
         """All or nothing: one stream per record, or :class:`~batching.QueueFullError` unless all fit."""
         return self._enqueue_nowait(records, self._explicit(records, estimated_cost), stream=True)
-
-    # -- Lifecycle -----------------------------------------------------------------------------------
-
-    def _launch(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._drained = None  # nothing to start: each admitted record runs as its own task
-
-    # -- Submission ----------------------------------------------------------------------------------
-
-    def _new_future(self) -> asyncio.Future:
-        return self._loop.create_future() if self._loop is not None else asyncio.get_running_loop().create_future()
-
-    def _explicit(self, records: Sequence[Any], costs: Sequence[int | None] | None) -> list[int | None]:
-        self._check_cost_count(records, costs)
-        return [None] * len(records) if costs is None else list(costs)
-
-    def _growth_of(self, record: Any, cost: int) -> int:
-        if not self._peak:
-            return 0
-        if self._growth_estimator is not None:
-            growth = check_cost(self._growth_estimator(record), "growth_estimator")
-        else:
-            method = getattr(record, "estimate_growth", None)
-            growth = check_cost(method(), f"{type(record).__name__}.estimate_growth()") if callable(method) else 0
-        return min(growth, cost)
-
-    def _make(self, record: Any, explicit: Any, sink: asyncio.Future | None) -> Ticket:
-        cost = self._cost_of(record, explicit)
-        ticket = Ticket(record, cost, self._growth_of(record, cost), sink, 0.0)
-        if sink is None:
-            ticket.sink = RecordStream(lambda: self._withdraw(ticket, None))
-        else:
-            sink.add_done_callback(lambda future: future.cancelled() and self._withdraw(ticket, None))
-        return ticket
-
-    async def _enqueue(self, record: Any, explicit: Any, sink: asyncio.Future | None) -> Ticket:
-        if self._state is not RUNNING:
-            self._refuse()
-        ticket = self._make(record, explicit, sink)
-        if not self._admission.has_room():
-            await self._wait_for_room()
-        self._push(ticket)
-        self._pump()
-        return ticket
-
-    def _enqueue_nowait(self, records: Sequence[Any], explicit: list[Any], stream: bool) -> list[Any]:
-        if self._state is not RUNNING:
-            self._refuse()
-        if isinstance(records, (str, bytes)) or not isinstance(records, Sequence):
-            raise TypeError(f"records must be a sequence, got {type(records).__name__}")
-        tickets = [self._make(r, c, None if stream else self._new_future()) for r, c in zip(records, explicit)]
-        if not self._admission.has_room(len(tickets)):
-            self._turn_away(
-                tickets,
-                f"queue full: {len(self._queue)} of max_queue_size={self._max_queue_size} records waiting, "
-                f"{len(tickets)} more asked for",
-            )
-        wait = self._expected_wait(tickets)
-        if wait > (self._max_queue_wait or math.inf):
-            self._turn_away(
-                tickets,
-                f"overloaded: about {wait:.1f} s of waiting for admission expected, "
-                f"over max_queue_wait_s={self._max_queue_wait:g}",
-            )
-        for ticket in tickets:
-            self._push(ticket)
-        self._pump()
-        return [ticket.sink for ticket in tickets]
-
-    def _turn_away(self, tickets: list[Ticket], message: str) -> NoReturn:
-        """Refuse ``tickets`` all together with :class:`~batching.QueueFullError`."""
-        for ticket in tickets:  # nobody holds these yet: end them quietly
-            self._end(ticket, BatcherStoppedError("not queued"), count=False)
-        raise QueueFullError(message)
-
-    def _expected_wait(self, tickets: list[Ticket]) -> float:
-        """Seconds until ``tickets`` would be admitted behind the queue, from the recent leaving rate."""
-        if self._max_queue_wait is None or not self._running:
-            return 0.0
-        leaving = self._leaving
-        horizon = self._clock() - self.RATE_WINDOW_S
-        while leaving and leaving[0][0] < horizon:
-            leaving.popleft()
-        cost_over = self._queued_cost + sum(t.cost for t in tickets) - (self._budget - self._inflight_cost)
-        count_over = len(self._queue) + len(tickets) - (self._max_inflight - len(self._running))
-        if cost_over <= 0 and count_over <= 0:
-            return 0.0
-        if not leaving:
-            return 0.0  # nothing has finished lately: no basis for an estimate
-        span = max(self._clock() - leaving[0][0], 1e-3)
-        cost_rate = sum(cost for _, cost in leaving) / span
-        count_rate = len(leaving) / span
-        return max(cost_over / cost_rate if cost_rate > 0 else 0.0, count_over / count_rate)
-
-    def _push(self, ticket: Ticket) -> None:
-        self._stats.submitted += 1
-        ticket.enqueued_at = self._clock()
-        self._queue.append(ticket)
-        self._queued_cost += ticket.cost

@@ -35,11 +35,23 @@ class BatchProcessor(BaseBatcher):
     _wakeup: asyncio.Future | None
     _tasks: list[asyncio.Task]
     _target: int
+    _max_batch_size: int
+    _concurrency: int
     _isolate: bool
     _is_async: bool
     _in_flight: int  # records cut from the queue and not yet resolved (prefetched or inside process_fn)
     _busy_loops: int
     _aborting: bool  # stop() timed out: what still runs ends with BatcherStoppedError
+
+    def _backlog(self, cost: int, count: int) -> tuple[int, int]:
+        """(cost, records) that must be processed before ``cost``/``count`` more, queued behind everything
+        queued now, would all start in a batch: the processing loops free now take a full batch each at once;
+        the rest waits for the batches ahead to finish."""
+        free = max(0, self._concurrency - self._busy_loops - self._ready.qsize())
+        return (
+            self._queued_cost + cost - free * self._target,
+            len(self._queue) + count - free * self._max_batch_size,
+        )
 
     async def _processing_loop(self) -> None:
         ready = self._ready
@@ -115,6 +127,7 @@ class BatchProcessor(BaseBatcher):
                 if not entry[FUTURE].done():
                     entry[FUTURE].set_exception(error)
         self._in_flight -= len(batch)
+        self._drain_rate.note(self._clock(), len(batch), sum(entry[COST] for entry in batch))
         self._stats.batch_finished(
             len(batch), len(batch) if error is not None else 0, self._clock(), [e[ENQUEUED_AT] for e in batch]
         )

@@ -202,9 +202,16 @@ class AdmissionRecorder(Recorder):
         self.first_outputs.append(seconds)
 
     def snapshot(
-        self, queue_depth: int, queued_cost: int, in_flight: int, in_flight_cost: int, budget: int
+        self,
+        queue_depth: int,
+        queued_cost: int,
+        in_flight: int,
+        in_flight_cost: int,
+        budget: int,
+        by_priority: tuple[dict[int, int], dict[int, int]] = ({}, {}),
     ) -> AdmissionStats:
-        """An :class:`AdmissionStats` from the counters and the batcher's queue and flight now."""
+        """An :class:`AdmissionStats` from the counters and the batcher's queue and flight now;
+        ``by_priority``: (queued + in-flight cost, in-flight cost) per priority."""
         now = time.monotonic()
         busy, elapsed = self._times(now)
         occupancy_area = self._occupancy.area_to(now, self.running)
@@ -224,4 +231,6 @@ class AdmissionRecorder(Recorder):
             mean_in_flight=in_flight_area / busy if busy > 0 else 0.0,
             **self._shared(busy, elapsed),
             **percentiles("first_output", self.first_outputs),
+            tokens_by_priority=dict(by_priority[0]),
+            in_flight_by_priority=dict(by_priority[1]),
         )

@@ -1,79 +1,30 @@
 """The engine room of :class:`~batching.ContinuousBatcher`: which queued record starts next under the
-budget (the budget math, in one place), running each admitted record as its own task, and ending it
-exactly once, whether it finishes, fails or is withdrawn."""
+budget (the budget math, in one place: :meth:`RecordScheduler._fits`), running each admitted record as its
+own task, and ending it exactly once, whether it finishes, fails or is withdrawn. Which records are next
+in order (priority, aging, fair share between tenants) is the queue's part: :mod:`batching.priorities`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable
+from itertools import islice
+from operator import attrgetter
 from typing import Any
 
 from .base import BaseBatcher
 from .errors import BatchCancelledError, BatcherStoppedError
+from .priorities import TicketQueue
 from .record_stream import RecordStream
 from .recorders import AdmissionRecorder
+from .tickets import ADMITTED, DONE, NO_OUTPUT, QUEUED, Ticket, peak_cost
 
 __all__ = ["RecordScheduler", "Ticket", "peak_cost"]
 
 logger = logging.getLogger(__name__)
 
-_QUEUED, _ADMITTED, _DONE = 0, 1, 2
-_NO_OUTPUT = object()
-
-
-def peak_cost(running: Sequence[tuple[int, int]]) -> int:
-    """LightLLM's peak estimate: the most tokens ``running`` will ever hold at once.
-
-    Each item is ``(tokens held now, tokens it may still add)``. Sorted by what they may still add, longest
-    first, the ``i``-th request finishes last among the ``i + 1`` longest; at that moment those ``i + 1``
-    have each grown by its remaining length while every shorter one has already freed its tokens.
-
-    >>> peak_cost([(100, 10), (100, 50)])   # 220, not 260: the short one leaves before the long one peaks
-    220
-    """
-    peak = held = 0
-    for count, (now, remaining) in enumerate(sorted(running, key=lambda item: -item[1]), start=1):
-        held += now
-        peak = max(peak, held + remaining * count)
-    return peak
-
-
-class Ticket:
-    """One submitted record: where it is, what it costs, and where its outputs go."""
-
-    __slots__ = (
-        "cost",
-        "enqueued_at",
-        "first_output",
-        "growth",
-        "last",
-        "produced",
-        "record",
-        "sink",
-        "started_at",
-        "state",
-        "task",
-    )
-
-    def __init__(self, record: Any, cost: int, growth: int, sink: asyncio.Future | RecordStream, now: float) -> None:
-        self.record = record
-        self.cost = cost
-        self.growth = growth
-        self.sink = sink
-        self.enqueued_at = now
-        self.state = _QUEUED
-        self.task: asyncio.Task | None = None
-        self.produced = 0  # tokens added so far (the peak estimate's progress)
-        self.started_at = 0.0
-        self.first_output = False
-        self.last: Any = _NO_OUTPUT
-
-    def held(self) -> tuple[int, int]:
-        """(tokens held now, tokens it may still add), for :func:`peak_cost`."""
-        produced = min(self.produced, self.growth)
-        return self.cost - self.growth + produced, self.growth - produced
+_cost = attrgetter("cost")
 
 
 class RecordScheduler(BaseBatcher):
@@ -82,7 +33,7 @@ class RecordScheduler(BaseBatcher):
 
     _recorder_type = AdmissionRecorder
     _stats: AdmissionRecorder
-    _queue: deque[Ticket]
+    _queue: TicketQueue
     _process_fn: Callable[[Any], Any]
     _budget: int
     _max_inflight: int
@@ -91,11 +42,17 @@ class RecordScheduler(BaseBatcher):
     _max_wait: float
     _peak: bool
     _progress_fn: Callable[[Any], int] | None
-    _max_queue_wait: float | None
+    _share: float  # low_priority_share
+    _share_hold: float  # share_hold_s
+    _share_timer: asyncio.TimerHandle | None  # a pump due when a share hold ends
     _running: set[Ticket]
     _inflight_cost: int
     _drained: asyncio.Future | None  # set by stop(): resolved once nothing is queued or running
-    _leaving: deque[tuple[float, int]]  # (when, cost) of records that left the engine
+    _halted: bool  # stop() timed out: nothing more is admitted
+
+    def _launch(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._drained = None  # nothing to start: each admitted record runs as its own task
+        self._halted = False
 
     async def _drain(self, timeout: float | None) -> None:
         """Run everything queued and in flight to its end; past ``timeout``, withdraw what is left."""
@@ -108,42 +65,84 @@ class RecordScheduler(BaseBatcher):
                 logger.warning("%s: stop() timed out after %ss; cancelling the rest", type(self).__name__, timeout)
                 error = BatcherStoppedError("the batcher was stopped before this record finished")
                 running = list(self._running)  # withdrawing them empties the set: keep their tasks to await
-                # The queue from its back first, so that the room a withdrawn head leaves admits nobody behind
-                # it; then the running records, once nothing is left to admit into the room they free.
-                for ticket in [*reversed(self._queue), *running]:
+                self._halted = True  # the room the withdrawn leave admits nobody: the queue goes first
+                for ticket in [*self._queue, *running]:
                     self._withdraw(ticket, error)
                 await asyncio.gather(*(t.task for t in running if t.task), return_exceptions=True)
+        if self._share_timer is not None:
+            self._share_timer.cancel()
+            self._share_timer = None
 
     # -- Admission: the budget math, in one place ------------------------------------------------------
 
     def _fits(self, ticket: Ticket) -> bool:
+        """Whether ``ticket`` may start now: the in-flight count cap, the share cap of lower priorities, and
+        the cost budget (summed, or LightLLM's peak estimate); an idle engine takes anything."""
         if not self._running:
             return True  # an idle engine takes anything, even a record costlier than the whole budget
         if len(self._running) >= self._max_inflight:
+            return False
+        if self._share < 1.0 and not self._within_share(ticket):
             return False
         if self._peak:
             return peak_cost([t.held() for t in self._running] + [ticket.held()]) <= self._budget
         return self._inflight_cost + ticket.cost <= self._budget
 
-    def _next(self) -> int | None:
-        """The queue index of the record to admit next, or None while it must wait for room."""
-        queue = self._queue
-        if self._order == "fifo" or self._clock() - queue[0].enqueued_at >= self._max_wait:
-            return 0 if self._fits(queue[0]) else None
-        window = min(self._lookahead, len(queue))
-        index = min(range(window), key=lambda i: queue[i].cost)  # ties: the older one
-        return index if self._fits(queue[index]) else None
+    def _within_share(self, ticket: Ticket) -> bool:
+        """The share cap: while a record of a higher priority is queued or in flight (or left within
+        ``share_hold_s``), the records of ``ticket``'s priority and lower ones may hold together at most
+        ``low_priority_share`` of the budget and of ``max_inflight``, unless none of them is in flight."""
+        now = self._clock()
+        until = self._queue.share_held_until(ticket.priority, now, self._share_hold)
+        if until <= now:
+            return True
+        cost, count = self._queue.inflight_from(ticket.priority)
+        if not count:
+            return True  # a lone record always may run: lower priorities never starve
+        if cost + ticket.cost <= self._share * self._budget and count + 1 <= self._share * self._max_inflight:
+            return True
+        if until < math.inf:  # the hold ends without an event of its own: look again then
+            timer = self._share_timer
+            if timer is None or timer.when() > until:
+                if timer is not None:
+                    timer.cancel()
+                self._share_timer = self._loop.call_at(until, self._hold_ended)
+        return False
+
+    def _hold_ended(self) -> None:
+        self._share_timer = None
+        self._pump()
+
+    def _next(self) -> Ticket | None:
+        """The record to admit next, or None while it must wait for room (it is not skipped). From the
+        queue's candidates (see :meth:`TicketQueue.candidates`): the oldest, or with ``length_aware`` the
+        cheapest of the first ``lookahead`` unless the oldest has waited ``max_wait_s``. A record the share cap
+        holds back (one of a lower priority that aging put first) does not hold back the higher priorities the
+        cap keeps room for: the best of those is chosen instead."""
+        above: int | None = None
+        while True:
+            candidates = self._queue.candidates(self._clock, above)
+            if candidates is None:
+                return None
+            head = next(iter(candidates))
+            if self._order == "fifo" or self._clock() - head.enqueued_at >= self._max_wait:
+                ticket = head
+            else:
+                ticket = min(islice(candidates, self._lookahead), key=_cost)  # ties: the older one
+            if self._share < 1.0 and self._running and not self._within_share(ticket):
+                above = ticket.priority
+                continue
+            return ticket if self._fits(ticket) else None
 
     def _pump(self) -> None:
         """Admit queued records while they fit; called whenever a record arrives, finishes or leaves."""
         queue = self._queue
         admitted = False
-        while queue:
-            index = self._next()
-            if index is None:
+        while queue and not self._halted:
+            ticket = self._next()
+            if ticket is None:
                 break
-            ticket = queue[index]
-            del queue[index]
+            queue.admit(ticket)
             self._queued_cost -= ticket.cost
             self._start(ticket)
             admitted = True
@@ -153,7 +152,7 @@ class RecordScheduler(BaseBatcher):
             self._drained.set_result(None)
 
     def _start(self, ticket: Ticket) -> None:
-        ticket.state = _ADMITTED
+        ticket.state = ADMITTED
         ticket.started_at = now = self._clock()
         self._running.add(ticket)
         self._inflight_cost += ticket.cost
@@ -162,15 +161,25 @@ class RecordScheduler(BaseBatcher):
 
     def _release(self, ticket: Ticket) -> None:
         """Return a running record's cost to the budget (once) and admit what now fits."""
-        if ticket.state != _ADMITTED:
+        if ticket.state != ADMITTED:
             return
-        ticket.state = _DONE
+        ticket.state = DONE
         self._running.discard(ticket)
         self._inflight_cost -= ticket.cost
-        if self._max_queue_wait is not None:
-            self._leaving.append((self._clock(), ticket.cost))
+        now = self._clock()
+        self._queue.release(ticket, now)
+        self._drain_rate.note(now, 1, ticket.cost)
         self._stats.release(self._inflight_cost / self._budget, len(self._running))
         self._pump()
+
+    def _backlog(self, cost: int, count: int) -> tuple[int, int]:
+        """(cost, records) that must leave the engine before ``cost``/``count`` more, queued behind
+        everything queued now, would all be admitted."""
+        if not self._running:
+            return 0, 0  # nothing in flight, so nothing queued: they would be admitted at once
+        free_cost = self._budget - self._inflight_cost
+        free_count = self._max_inflight - len(self._running)
+        return self._queued_cost + cost - free_cost, len(self._queue) + count - free_count
 
     # -- Running one record ----------------------------------------------------------------------------
 
@@ -187,7 +196,7 @@ class RecordScheduler(BaseBatcher):
                         await outputs.aclose()
             else:
                 self._output(ticket, await outputs)
-            if ticket.last is _NO_OUTPUT:
+            if ticket.last is NO_OUTPUT:
                 raise ValueError("process_fn produced no output for this record")
         except asyncio.CancelledError as exc:  # withdrawn (then already ended), or the engine aborted it
             error = BatchCancelledError("process_fn was cancelled (was the engine request aborted?)")
@@ -221,7 +230,7 @@ class RecordScheduler(BaseBatcher):
                 else:
                     sink.set_exception(error)
                     sink.exception()  # a withdrawn record's error is retrieved: no "never retrieved" warning
-            elif count and sink.cancelled() and ticket.state == _ADMITTED:
+            elif count and sink.cancelled() and ticket.state == ADMITTED:
                 # Its caller cancelled the future, but the record ended before the done callback could
                 # withdraw it (that callback then finds it done): count the withdrawal here, once.
                 self._stats.cancelled += 1
@@ -231,19 +240,19 @@ class RecordScheduler(BaseBatcher):
 
     def _withdraw(self, ticket: Ticket, error: BaseException | None) -> None:
         """The caller went away (or ``stop`` timed out): leave the queue, or cancel the run; free the cost."""
-        if ticket.state == _QUEUED:
+        if ticket.state == QUEUED:
             if ticket not in self._queue:
                 return  # never queued (refused all-or-nothing)
-            self._queue.remove(ticket)
+            self._queue.withdraw(ticket, self._clock())
             self._queued_cost -= ticket.cost
-            ticket.state = _DONE
+            ticket.state = DONE
             self._stats.cancelled += 1
             # As when withdrawn while running: a stream's other readers get an error, not a CancelledError
             # that would end their own tasks as if they had been cancelled.
             self._end(ticket, error or BatcherStoppedError("withdrawn by its caller"), count=False)
             self._admission.grant()
             self._pump()
-        elif ticket.state == _ADMITTED:
+        elif ticket.state == ADMITTED:
             if ticket.task is not None:
                 ticket.task.cancel()
             if error is None:

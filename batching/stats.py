@@ -5,7 +5,7 @@ counters behind them live in :mod:`batching.recorders`."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 __all__ = ["AdmissionStats", "BatchStats", "percentile"]
@@ -35,8 +35,13 @@ class _Snapshot:
         return self.busy_time_s / total if total > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain ``dict`` of every field plus ``utilization``, for JSON and metrics export."""
+        """A plain ``dict`` of every field plus ``utilization``, for JSON and metrics export. Per-priority
+        fields become dicts with string keys (``{"0": 120}``), as JSON writes them: the dict is the same
+        after a JSON round trip."""
         data = asdict(self)  # type: ignore[call-overload]
+        for name, value in data.items():
+            if isinstance(value, dict):
+                data[name] = {str(key): item for key, item in value.items()}
         data["utilization"] = self.utilization
         return data
 
@@ -103,6 +108,11 @@ class AdmissionStats(_Snapshot):
     average over all the running time). ``utilization`` is the fraction of running time with at least one
     record in flight. Queue waits run from submission to admission, latencies from submission to the
     record's end, first outputs from submission to its first output.
+
+    Per priority (lower runs first), ascending: ``tokens_by_priority`` is the queued plus in-flight cost of
+    each priority with anything queued or in flight (a router's view of the load by class of work);
+    ``in_flight_by_priority`` the in-flight cost of each priority with a record in flight. Both are empty
+    when idle; ``to_dict()`` writes their keys as strings.
     """
 
     total_submitted: int = 0
@@ -130,3 +140,5 @@ class AdmissionStats(_Snapshot):
     first_output_p50_s: float = 0.0
     first_output_p95_s: float = 0.0
     first_output_p99_s: float = 0.0
+    tokens_by_priority: dict[int, int] = field(default_factory=dict)
+    in_flight_by_priority: dict[int, int] = field(default_factory=dict)

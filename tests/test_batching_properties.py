@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from batching import DynamicBatcher
 from batching.policies import take_fifo, take_length_aware
+from batching.rates import DrainRate
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -158,3 +159,34 @@ def test_policies_respect_budget_and_order(padded, costs, target, max_size, look
         if policy == "fifo":
             assert taken == list(range(len(costs)))
         assert rounds <= len(costs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 5), st.integers(0, 4), st.integers(0, 50)), max_size=40),
+    st.floats(0, 30),
+    st.integers(-20, 200),
+    st.integers(-5, 20),
+)
+def test_drain_rate_running_sums_match_a_recount_of_the_window(events, later, cost_over, count_over):
+    """The rate window keeps running sums (O(1) amortized per record); they must equal a recount of what
+    left within the window, and the wait the slower of cost and records at that rate."""
+    rate = DrainRate(window_s=10.0)
+    now, seen = 0.0, []
+    for gap, count, cost in events:
+        now += gap
+        rate.note(now, count, cost)
+        seen.append((now, count, cost))
+    now += later
+    window = [event for event in seen if event[0] >= now - 10.0]
+    wait = rate.wait(now, cost_over, count_over)
+    if cost_over <= 0 and count_over <= 0:
+        assert wait == 0.0
+    elif not window:
+        assert wait is None
+    else:
+        span = max(now - window[0][0], 1e-3)
+        cost, count = sum(e[2] for e in window), sum(e[1] for e in window)
+        by_cost = cost_over * span / cost if cost_over > 0 and cost > 0 else 0.0
+        by_count = count_over * span / count if count_over > 0 and count > 0 else 0.0
+        assert wait == pytest.approx(max(by_cost, by_count))

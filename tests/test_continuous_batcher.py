@@ -859,6 +859,8 @@ ADMISSION_FIELDS = [
     "first_output_p50_s",
     "first_output_p95_s",
     "first_output_p99_s",
+    "tokens_by_priority",
+    "in_flight_by_priority",
 ]
 
 
