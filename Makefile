@@ -24,7 +24,7 @@ model: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m serve_app.models prepare
 
 # serve.env: Ray Serve's throughput settings, environment variables of every Ray process serve run starts.
-SERVE_ENV := $(shell grep -E '^[A-Z_]+=' serve.env)
+SERVE_ENV := $(shell grep -E '^[A-Za-z_][A-Za-z0-9_]*=' serve.env)
 
 serve: model
 	env HF_HUB_OFFLINE=1 $(SERVE_ENV) $(BIN)/serve run serve_config.yaml

@@ -1,20 +1,27 @@
-"""Stopping a server started as a subprocess, and everything it started, so no run leaks into the next.
+"""Finding and stopping what a server started as a subprocess left behind, so no run leaks into the next.
 
-A peer runs in its own process group with a private marker in its environment (its ``RAY_TMPDIR``). Ray's
-workers leave that group, and vLLM's engine processes are the replica's children, not the driver's: when a
-replica dies before its engine has shut down, the ``VLLM::EngineCore`` it started is re-parented to init and
-keeps its memory (gigabytes) and some CPU. Every one of them still carries the marker in its environment,
-which is how :func:`stop` finds them.
+A peer runs in its own process group with a private marker in its environment (its ``RAY_TMPDIR``). Every
+process it starts inherits that environment, whoever its parent is: Ray's daemons, its workers (each in a
+process group of its own since Ray 2.60) and the ``VLLM::EngineCore`` / ``VLLM::Worker`` processes a replica
+starts. That is how :func:`own_leftovers` and :func:`processes` find them, and :func:`descendants` tells which
+of them a given replica started (its engine).
+
+Ray itself kills a worker's engine when the worker goes, however it goes (``serve.env`` pins how:
+``RAY_process_group_cleanup_enabled``, ``RAY_kill_child_processes_on_worker_exit``); :func:`stop` is the last
+resort after a run, and returns whatever it still had to kill.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -29,6 +36,71 @@ def own_leftovers(marker: str) -> list[int]:
                 if marker.encode() in (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes():
                     pids.append(int(entry.name))
     return pids
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process as /proc shows it. ``pid`` and ``start`` (clock ticks after boot) together name one process
+    even after its pid is reused; ``title`` is its command line, which Ray's workers and vLLM's processes
+    rewrite (``ray::ServeReplica:llm:LLMServer``, ``VLLM::EngineCore``): ``comm`` cuts those at 15 bytes."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+    start: int
+    title: str
+
+
+def read_proc(pid: int) -> Proc | None:
+    """``pid``'s entry, or None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name in parentheses may hold spaces
+    return Proc(pid, int(fields[1]), int(fields[2]), fields[0], int(fields[19]), title)
+
+
+def processes(marker: str) -> dict[int, Proc]:
+    """The processes carrying ``marker`` (see :func:`own_leftovers`), by pid."""
+    return {pid: proc for pid in own_leftovers(marker) if (proc := read_proc(pid)) is not None}
+
+
+def descendants(table: dict[int, Proc], roots: Iterable[int]) -> set[int]:
+    """Every process in ``table`` below ``roots`` (children, their children, ...), the roots excluded."""
+    roots, found = set(roots), set()
+    while grown := {pid for pid, proc in table.items() if proc.ppid in roots | found} - found - roots:
+        found |= grown
+    return found
+
+
+def replicas(table: dict[int, Proc], app: str) -> set[int]:
+    """The worker processes of application ``app``'s Serve replicas (starting, running or stopping)."""
+    title = re.compile(rf"ServeReplica:{re.escape(app)}:|SERVE_REPLICA::{re.escape(app)}#")
+    return {pid for pid, proc in table.items() if title.search(proc.title)}
+
+
+def gcs_address(marker: str) -> str | None:
+    """The GCS address (host:port) of the Ray cluster carrying ``marker``, from its raylet's command line. A
+    driver must be given it: ``address="auto"`` falls back to any Ray cluster running on the machine when the
+    cluster was started by ``ray.init`` (as ``serve run`` does), which records no address to find."""
+    for proc in processes(marker).values():
+        if match := re.search(r"--gcs-address=(\S+)", proc.title):
+            return match.group(1)
+    return None
+
+
+def alive(procs: Iterable[Proc]) -> list[Proc]:
+    """Those of ``procs`` still running: the same process (pid and start time) and not a zombie (a zombie
+    has released its memory and only waits for its parent to reap it)."""
+    out = []
+    for proc in procs:
+        now = read_proc(proc.pid)
+        if now is not None and now.start == proc.start and now.state != "Z":
+            out.append(now)
+    return out
 
 
 def stop(proc: subprocess.Popen, marker: str, wait_s: float = 90.0, settle_s: float = 10.0) -> list[int]:

@@ -28,6 +28,13 @@ BIN = Path(sys.executable).parent
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+def dashboard_address(serve_run_output: str) -> str:
+    """The dashboard's URL, from `serve run`'s "View the dashboard at ..." line (colour codes dropped)."""
+    match = re.search(r"View the dashboard at\s*(?:\x1b\[[0-9;]*m)*(http://[0-9.]+:[0-9]+)", serve_run_output)
+    assert match, f"serve run did not name its dashboard:\n{serve_run_output[-3000:]}"
+    return match.group(1)
+
+
 @pytest.fixture(scope="module")
 def served_app(tmp_path_factory):
     """`serve run serve_config.yaml` in its own Ray cluster (RAY_ADDRESS=local, a private RAY_TMPDIR), so
@@ -70,6 +77,10 @@ def served_app(tmp_path_factory):
                 log.seek(0)
                 pytest.fail(f"the app did not become healthy in time:\n{log.read()[-5000:]}")
             time.sleep(2)
+        log.seek(0)
+        # What a second terminal needs to reach this cluster: its dashboard (Serve's CLI talks to it), which
+        # `serve run` names on start-up (http://127.0.0.1:8265 unless another cluster holds that port).
+        env["RAY_DASHBOARD_ADDRESS"] = dashboard_address(log.read())
         yield url, env
     finally:
         # What Ctrl-C does (serve run shuts the app and its cluster down), then whatever of that cluster outlived
@@ -205,3 +216,33 @@ def test_openai_client_embeddings_from_the_same_base_url_equal_sentence_transfor
     cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cosine.min() >= 0.999, cosine
     assert {m.id for m in client.models.list().data} == {"SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"}
+
+
+def serve_status(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "serve"), "status"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_serve_status_from_a_second_terminal_needs_ray_auth_mode_token(served_app):
+    """`make status` (``RAY_AUTH_MODE=token serve status``) from a second terminal reports both apps RUNNING.
+    Ray 2.60 turns token authentication on for the cluster `serve run` starts, and its CLI sends the token
+    (~/.ray/auth_token) only with RAY_AUTH_MODE=token: the plain command is refused, "Authentication required"."""
+    import yaml
+
+    _, env = served_app
+    plain = {key: value for key, value in env.items() if key != "RAY_AUTH_MODE"}
+    refused = serve_status(plain)
+    assert refused.returncode != 0, refused.stdout
+    assert "Authentication required" in refused.stdout + refused.stderr, refused.stderr[-3000:]
+
+    def running() -> dict[str, str]:
+        result = serve_status({**plain, "RAY_AUTH_MODE": "token"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        apps = yaml.safe_load(result.stdout)["applications"]
+        return {name: app["status"] for name, app in apps.items()}
+
+    deadline = time.monotonic() + 180  # the embedding app may still be deploying beside the llm app
+    while (statuses := running()) != {"llm": "RUNNING", "embeddings": "RUNNING"}:
+        assert time.monotonic() < deadline, statuses
+        time.sleep(2)

@@ -144,3 +144,23 @@ def test_the_batcher_is_one_model_per_mode_and_continuous_without_a_mode():
     assert isinstance(AppConfig(batcher={"max_inflight": 3}).batcher, ContinuousSettings)
     assert isinstance(AppConfig(batcher={"mode": "batch"}).batcher, BatchSettings)
     assert not hasattr(AppConfig().batcher, "max_batch_size")
+
+
+def test_make_serve_runs_with_every_serve_env_setting():
+    """Every setting in serve.env reaches `make serve`'s command line (Ray's own lowercase ones included)."""
+    import shutil
+    import subprocess
+
+    from benchmarks.serving import serve_env
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    # -n prints the commands without running them; only the serve line is read
+    printed = subprocess.run(
+        ["make", "-n", "--no-print-directory", "serve"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    serve_line = next(line for line in printed.splitlines() if "serve run serve_config.yaml" in line)
+    settings = serve_env()
+    assert "RAY_worker_niceness" in settings
+    for name, value in settings.items():
+        assert f"{name}={value}" in serve_line.split(), name
