@@ -192,9 +192,12 @@ def is_ready(peer: str, url: str, log: Path) -> bool:
 
 
 @contextmanager
-def running(peer: str, folder: Path, workdir: Path, startup_timeout_s: float) -> Iterator[tuple[str, float]]:
-    """Start a peer in its own process group; yield (base url, start-up seconds); stop it and its leftovers.
-    Raises RuntimeError (with the log's tail) if it exits or is not ready in time."""
+def running(
+    peer: str, folder: Path, workdir: Path, startup_timeout_s: float, extra: list[str] | None = None
+) -> Iterator[tuple[str, float, str]]:
+    """Start a peer in its own process group (``extra``: more arguments for its command); yield (base url, start-up
+    seconds, its private ``RAY_TMPDIR``, where a Ray client finds a Ray-based peer's cluster); stop it and its
+    leftovers. Raises RuntimeError (with the log's tail) if it exits or is not ready in time."""
     port = free_port()
     log_path = workdir / f"{peer}.log"
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
@@ -205,7 +208,7 @@ def running(peer: str, folder: Path, workdir: Path, startup_timeout_s: float) ->
         peer_env["RAY_ADDRESS"] = "local"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            peer_command(peer, folder, port, workdir),
+            [*peer_command(peer, folder, port, workdir), *(extra or [])],
             cwd=ROOT,
             env=peer_env,
             stdout=log,
@@ -221,7 +224,7 @@ def running(peer: str, folder: Path, workdir: Path, startup_timeout_s: float) ->
             if time.monotonic() - started > startup_timeout_s:
                 raise RuntimeError(f"not ready in {startup_timeout_s:.0f} s: {last_error(tail(log_path))}")
             time.sleep(2)
-        yield url, time.monotonic() - started
+        yield url, time.monotonic() - started, ray_tmp
     finally:
         stop(proc, ray_tmp)
 
@@ -409,7 +412,7 @@ def measure(
             workdir.mkdir()
             print(f"[serving] round {rnd}: starting {peer}", file=sys.stderr, flush=True)
             try:
-                with running(peer, folder, workdir, 900 if peer != "vllm" else 600) as (url, startup_s):
+                with running(peer, folder, workdir, 900 if peer != "vllm" else 600) as (url, startup_s, _):
                     print(f"[serving] {peer} ready in {startup_s:.0f} s", file=sys.stderr, flush=True)
                     for backend in backends:
                         status, metrics = measure_one(url, backend, folder, workdir, burst_n, math.inf, None, timeout_s)

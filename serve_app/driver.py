@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .config import DATA_PRIORITY
+
 logger = logging.getLogger(__name__)
 
 READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -141,7 +143,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         out = embed(ds, text_column=column, batch_size=args.batch_size or 64, **common)
     else:
         sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-        out = generate(ds, prompt_column=column, batch_size=args.batch_size or 8, **common, **sampling)
+        origin = {"priority": args.priority, "tenant": args.tenant}
+        out = generate(ds, prompt_column=column, batch_size=args.batch_size or 8, **common, **origin, **sampling)
     if args.id_column != "id":
         out = out.rename_columns({args.id_column: "id"})
     started = time.monotonic()
@@ -186,6 +189,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="only the first K rows")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument(
+        "--priority", type=int, default=DATA_PRIORITY, help="lower runs first; interactive requests are 0 (default: 1)"
+    )
+    p.add_argument("--tenant", default=None, help="whose fair share the job counts against (default: this job)")
     p.add_argument("--fail-fast", action="store_true", help="fail the job on the first failed row")
     p.add_argument("--address", default="auto", help="the Ray cluster running the app")
     return p

@@ -20,6 +20,7 @@ exception                              status  when
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +28,20 @@ from typing import Any
 from batching import BatcherStoppedError, QueueFullError
 
 RETRY_AFTER_S = 1
-"""Seconds a client is told to wait (``Retry-After``) when a replica is overloaded or restarting."""
+"""The shortest wait a client is told (``Retry-After``, seconds) on a 503, and the one it is told when there is no
+basis for an estimate (a replica restarting, a batcher that has seen nothing finish yet)."""
+
+MAX_RETRY_AFTER_S = 60
+"""The longest: past this a client should rather hear from a load balancer or try another deployment."""
+
+
+def retry_after(exc: BaseException) -> int:
+    """Seconds until a refused request would likely be admitted: the batcher's estimate from its queue and its
+    recent drain rate (``QueueFullError.retry_after_s``), rounded up and bounded to [1 s, 60 s]."""
+    estimate = getattr(exc, "retry_after_s", None)
+    if estimate is None:
+        return RETRY_AFTER_S
+    return max(RETRY_AFTER_S, min(MAX_RETRY_AFTER_S, math.ceil(estimate)))
 
 
 class RequestError(ValueError):

@@ -126,6 +126,17 @@ def test_replica_load_counts_queued_and_in_flight_tokens_in_both_batcher_modes()
     assert replica_load(batch, batch_budget=65_536) == {TOKEN_LOAD: 1_500.0, TOKEN_BUDGET: 65_536.0, PROMPTS: 15.0}
 
 
+def test_replica_load_with_max_priority_counts_only_those_priorities_tokens():
+    from batching import AdmissionStats
+
+    stats = AdmissionStats(
+        queued_cost=3_000, queue_depth=12, in_flight=4, in_flight_cost=1_000, budget=8_192,
+        tokens_by_priority={0: 500, 1: 3_500},
+    )  # fmt: skip
+    assert replica_load(stats)[TOKEN_LOAD] == 4_000.0  # every priority
+    assert replica_load(stats, max_priority=0)[TOKEN_LOAD] == 500.0  # a Ray Data job's tokens do not scale out
+
+
 def test_metric_tokens_selects_the_policy_and_bad_settings_fail_naming_the_field():
     from pydantic import ValidationError
     from ray.serve.config import AutoscalingConfig
@@ -143,6 +154,7 @@ def test_metric_tokens_selects_the_policy_and_bad_settings_fail_naming_the_field
     for bad, field in [
         ({"metric": "kv"}, "metric"),
         ({"target_tokens": 1_000}, "target_tokens"),  # only with metric: tokens
+        ({"max_priority": 0}, "max_priority"),  # likewise
         ({"metric": "tokens", "target_tokens": 0}, "target_tokens"),
         ({"look_back_period_s": 5, "metrics_interval_s": 10}, "look_back_period_s"),
     ]:

@@ -145,3 +145,18 @@ async def test_stop_drains_what_is_queued_then_releases_the_engine():
     assert [r.text for r in results] == [f"[simulated] p{i} p{i} p{i}" for i in range(6)]
     with pytest.raises(Exception, match="dead"):
         await generator.check_health()
+
+
+def test_retry_after_is_the_batchers_estimate_rounded_up_and_bounded():
+    from batching import BatcherStoppedError, QueueFullError
+    from serve_app.errors import retry_after
+    from serve_app.serving.http import exception_response
+
+    assert retry_after(QueueFullError("full", retry_after_s=7.2)) == 8
+    assert retry_after(QueueFullError("full", retry_after_s=0.05)) == 1  # at least a second
+    assert retry_after(QueueFullError("full", retry_after_s=10_000)) == 60  # at most a minute
+    assert retry_after(QueueFullError("full")) == 1  # no basis for an estimate yet
+    assert retry_after(BatcherStoppedError("stopping")) == 1
+    response = exception_response(QueueFullError("queue full", retry_after_s=2.5))
+    assert response.status_code == 503 and response.headers["retry-after"] == "3"
+    assert exception_response(RequestError("bad")).headers.get("retry-after") is None  # 4xx: nothing to retry

@@ -152,8 +152,8 @@ async def test_full_queue_fails_fast_with_503_and_retry_after(serve_instance, de
     assert set(codes) <= {200, 503}
     assert codes.count(503) >= 1 and codes.count(200) >= 2
     for r in responses:
-        if r.status_code == 503:
-            assert r.headers["retry-after"] == "1" and "overloaded" in r.text
+        if r.status_code == 503:  # Retry-After: the replica's estimate from its queue and drain rate, bounded
+            assert 1 <= int(r.headers["retry-after"]) <= 60 and "overloaded" in r.text
     from batching import QueueFullError
 
     calls = [handle.generate.remote(f"h{i}") for i in range(12)]

@@ -59,6 +59,29 @@ class ContinuousSettings(QueueSettings):
         description="503 + Retry-After at once for a request expected to wait longer than this for admission "
         "(from the queue ahead and the recent rate requests leave the engine): load shedding for a latency target",
     )
+    low_priority_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="while requests of a higher priority (a smaller number: interactive calls are 0, Ray Data jobs "
+        "1) are queued or in flight, or left less than `share_hold_s` ago, lower priorities together hold at most "
+        "this share of the in-flight budget and of `max_inflight`, so an interactive request finds room at once; "
+        "alone, a batch job fills the engine. 1: no cap",
+    )
+    share_hold_s: float = Field(
+        5.0, ge=0, description="how long the share cap outlasts the last higher-priority request"
+    )
+    aging_s: float | None = Field(
+        30.0,
+        gt=0,
+        description="a queued request's priority improves by one level for every `aging_s` it waits, so no "
+        "priority starves (null: strict priorities)",
+    )
+    fair_share: bool = Field(
+        False,
+        description="within a priority, admit from the tenant (the OpenAI `user`, a Ray Data job) that has been "
+        "served the fewest tokens (VTC: token-weighted virtual counters); off: arrival order",
+    )
 
     def batcher_kwargs(self, kv_cache_tokens: int | None, max_running: int | None) -> dict[str, Any]:
         """``ContinuousBatcher``'s keywords; the engine's KV cache size and running cap resolve ``auto``."""
@@ -72,6 +95,10 @@ class ContinuousSettings(QueueSettings):
             "max_wait_s": self.max_wait_s,
             "peak_estimate": self.peak_estimate,
             "max_queue_wait_s": self.max_queue_wait_s,
+            "low_priority_share": self.low_priority_share,
+            "share_hold_s": self.share_hold_s,
+            "aging_s": self.aging_s,
+            "fair_share": self.fair_share,
         }
 
 

@@ -22,6 +22,10 @@ API_KEY_ENV = "SERVE_APP_API_KEY"
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
 
+DATA_PRIORITY = 1
+"""A Ray Data job's default priority: after interactive HTTP and handle calls (0), which replicas admit first
+(vLLM's meaning: lower runs first)."""
+
 _SENDABLE_KEY = re.compile(r"[\x21-\x7e]+")
 
 
@@ -63,6 +67,12 @@ class AutoscalingSettings(Strict):
         description="metric `tokens`: token cost held per replica; default: each replica's in-flight token budget "
         "(its engine's KV cache with `max_inflight_tokens: auto`)",
     )
+    max_priority: int | None = Field(
+        None,
+        description="metric `tokens`: only the tokens of requests of this priority or a higher one (a smaller "
+        "number) count; 0 keeps Ray Data jobs (priority 1) from scaling the fleet out: they run in what interactive "
+        "traffic leaves. Default: every priority",
+    )
     upscale_delay_s: float = Field(5.0, ge=0, description="how long the load must call for more replicas")
     downscale_delay_s: float = Field(120.0, ge=0, description="how long the load must call for fewer replicas")
     look_back_period_s: float = Field(10.0, gt=0, description="the window Serve averages the load over (Serve: 30)")
@@ -77,8 +87,9 @@ class AutoscalingSettings(Strict):
                 f"autoscaling.min_replicas ({self.min_replicas}) must be <= "
                 f"autoscaling.max_replicas ({self.max_replicas})"
             )
-        if self.target_tokens is not None and self.metric != "tokens":
-            raise ValueError("autoscaling.target_tokens applies only with autoscaling.metric: tokens")
+        for field in ("target_tokens", "max_priority"):
+            if getattr(self, field) is not None and self.metric != "tokens":
+                raise ValueError(f"autoscaling.{field} applies only with autoscaling.metric: tokens")
         if self.look_back_period_s <= self.metrics_interval_s:
             raise ValueError(
                 f"autoscaling.look_back_period_s ({self.look_back_period_s}) must be > "

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..models import BUNDLED_NAME
 from .batcher import BatcherSettings, ContinuousSettings
-from .common import DeploymentConfig, Strict
+from .common import AutoOrPositive, DeploymentConfig, Strict
 
 
 class SamplingDefaults(Strict):
@@ -46,6 +46,11 @@ class VLLMSettings(Strict):
         "first; 0 leaves it as it started",
     )
     max_num_seqs: int | None = Field(None, ge=1, description="vLLM's running cap; default: as `vllm serve` sizes it")
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "priority",
+        description="vLLM's scheduler: `priority` runs each request by its priority (lower first) and preempts lower "
+        "priorities when the KV cache runs short, as the batcher admits them; `fcfs`: in arrival order",
+    )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="anything else for `vllm.AsyncEngineArgs` (e.g. tensor_parallel_size)"
     )
@@ -77,6 +82,55 @@ class SimulatedSettings(Strict):
     )
 
 
+class RoutingSettings(Strict):
+    """How callers (the HTTP proxy, handles) pick a replica. `tokens`: the replica holding the fewest tokens
+    (queued + in flight, as each replica reports them, plus what was routed to it since), so a 48-prompt batch
+    counts as 48 prompts, not one request; Serve's power of two choices on ongoing requests where a replica's
+    report is stale. `serve`: Serve's default router, as shipped."""
+
+    router: Literal["tokens", "serve"] = Field("tokens", description="`tokens` or `serve` (Serve's default)")
+    stats_period_s: float = Field(
+        1.0, gt=0, description="how often each replica reports the tokens it holds (Serve's default: 10)"
+    )
+    stale_after_s: float = Field(
+        5.0, gt=0, description="a report older than this is stale: that replica is routed by ongoing requests"
+    )
+
+    @model_validator(mode="after")
+    def _fresh_enough(self) -> RoutingSettings:
+        if self.stale_after_s <= self.stats_period_s:
+            raise ValueError(
+                f"routing.stale_after_s ({self.stale_after_s}) must be > routing.stats_period_s "
+                f"({self.stats_period_s}), or every report would be stale before the next"
+            )
+        return self
+
+
+class PlacementSettings(Strict):
+    """A replica whose engine spans several devices (vLLM's tensor or pipeline parallelism) gets a placement group:
+    one bundle per engine worker, the replica's own CPUs added to the first (the replica runs there, as Ray Serve LLM
+    places it), and vLLM's Ray executor puts its workers in the bundles."""
+
+    bundle_per_worker: dict[str, float] = Field(
+        default_factory=lambda: {"GPU": 1.0, "CPU": 1.0}, description="the resources of each engine worker's bundle"
+    )
+    workers: AutoOrPositive = Field(
+        "auto", description="bundles; `auto`: vLLM's tensor_parallel_size x pipeline_parallel_size (`engine_args`)"
+    )
+    strategy: Literal["STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD"] = Field(
+        "STRICT_PACK",
+        description="`STRICT_PACK`: all on one node (tensor parallelism); `PACK` or `SPREAD` across nodes for "
+        "multi-node pipeline parallelism",
+    )
+
+    @field_validator("bundle_per_worker")
+    @classmethod
+    def _resources(cls, value: dict[str, float]) -> dict[str, float]:
+        if not value or any(amount < 0 for amount in value.values()) or not any(value.values()):
+            raise ValueError("placement.bundle_per_worker: resources >= 0, at least one of them > 0")
+        return value
+
+
 class AppConfig(DeploymentConfig):
     """The generation application: ``serve_config.yaml``'s ``args`` for ``serve_app.app:build_app``."""
 
@@ -92,6 +146,10 @@ class AppConfig(DeploymentConfig):
     max_tokens_limit: int = Field(1_024, ge=1, description="the largest max_tokens a request may ask for")
     max_prompt_chars: int = Field(200_000, ge=1, description="the longest prompt text accepted, before tokenizing")
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    placement: PlacementSettings | None = Field(
+        None, description="a placement group per replica, for engines on several devices (see `placement.*`)"
+    )
     batcher: BatcherSettings = Field(default_factory=ContinuousSettings)
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
     simulated: SimulatedSettings = Field(default_factory=SimulatedSettings)
@@ -111,12 +169,31 @@ class AppConfig(DeploymentConfig):
                 f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= {field} ({needed}), "
                 "or the engine can never be filled"
             )
+        if self.placement is not None:
+            self._check_placement(self.placement)
         if self.sampling.max_tokens > self.max_tokens_limit:
             raise ValueError(
                 f"sampling.max_tokens ({self.sampling.max_tokens}) must be <= max_tokens_limit "
                 f"({self.max_tokens_limit})"
             )
         return self
+
+    def parallelism(self) -> int:
+        """The engine's workers: vLLM's tensor_parallel_size x pipeline_parallel_size."""
+        args = self.vllm.engine_args
+        return int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+
+    def _check_placement(self, placement: PlacementSettings) -> None:
+        if placement.workers != "auto" and placement.workers != self.parallelism():
+            raise ValueError(
+                f"placement.workers ({placement.workers}) must be vLLM's tensor_parallel_size x pipeline_parallel_size "
+                f"({self.parallelism()}): one bundle per engine worker"
+            )
+        if self.gpus_per_replica not in ("auto", 0):
+            raise ValueError(
+                "gpus_per_replica must be auto or 0 with a placement group: the engine's workers hold the GPUs, "
+                "in placement.bundle_per_worker"
+            )
 
     @property
     def max_model_len(self) -> int:

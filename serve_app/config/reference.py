@@ -97,8 +97,8 @@ def _sections(model: BaseModel, title: str) -> Iterator[str]:
     yield _doc(type(model))
     yield ""
     yield from _table(model)
-    for name in type(model).model_fields:
-        value = getattr(model, name)
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name) or _optional_model(field.annotation)
         if not isinstance(value, BaseModel):
             continue
         variants = [value] if name != "batcher" or isinstance(model, EmbeddingConfig) else _batchers()
@@ -110,6 +110,14 @@ def _sections(model: BaseModel, title: str) -> Iterator[str]:
             yield _doc(type(variant))
             yield ""
             yield from _table(variant, f"{name}.")
+
+
+def _optional_model(annotation: Any) -> BaseModel | None:
+    """For a ``Settings | None`` field that is off by default: the settings' defaults, once set."""
+    for arg in typing.get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg()
+    return None
 
 
 def _batchers() -> list[BaseModel]:

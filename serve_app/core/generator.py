@@ -32,9 +32,9 @@ from ..engines import (
     progress,
 )
 from ..errors import GenerationError, RequestError
-from ..openai.common import SamplingFields
+from ..openai.common import Origin, SamplingFields
 from .base import Core, Observer
-from .requests import RequestBuilder, parse
+from .requests import INTERACTIVE, RequestBuilder, parse
 from .streams import FutureStream, merge
 
 FATAL = (EngineDeadError, BatcherStoppedError)
@@ -126,11 +126,13 @@ class Generator(Core[AppConfig, BatcherSettings]):
         """Every request's result, in order, or :class:`~serve_app.errors.GenerationError` if one failed."""
         return check(await self.results(requests))
 
-    async def rows(self, prompts: Sequence[Any], sampling: dict[str, Any] | SamplingFields) -> list[dict[str, Any]]:
+    async def rows(
+        self, prompts: Sequence[Any], sampling: dict[str, Any] | SamplingFields, origin: Origin = INTERACTIVE
+    ) -> list[dict[str, Any]]:
         """One dict per prompt (``text``, ``prompt_tokens``, ``output_tokens``, ``finish_reason``, ``error``): a
         prompt that is refused or fails gets its ``error`` in its own row; the others go on."""
         fields = sampling if isinstance(sampling, SamplingFields) else parse(SamplingFields, sampling)
-        rows = await self.requests.rows(prompts, self.requests.sampling(fields))
+        rows = await self.requests.rows(prompts, self.requests.sampling(fields), origin=origin)
         valid = [row for row in rows if isinstance(row, GenerationRequest)]
         results = iter(await self.results(valid) if valid else [])
         return [

@@ -18,11 +18,13 @@ from ..config import AppConfig
 from ..engines import Engine, GenerationRequest, SamplingOptions
 from ..errors import ModelNotFoundError, RequestError, validation_error
 from ..openai.chat import ChatCompletionRequest
-from ..openai.common import SamplingFields, is_valid_unicode
+from ..openai.common import Origin, SamplingFields, is_valid_unicode
 from ..openai.completions import CompletionRequest
 from .base import check_batch
 
 _NOT_SAMPLING = {"max_tokens", "temperature", "top_p", "stop", "seed", "logit_bias"}
+INTERACTIVE = Origin()
+"""Priority 0, no tenant: what an HTTP or handle request is unless it says otherwise."""
 
 
 def parse(model: type[BaseModel], data: Any) -> Any:
@@ -109,7 +111,11 @@ class RequestBuilder:
             raise RequestError(f"{what} must be a string or a list of token ids, got {type(prompt).__name__}")
 
     async def rows(
-        self, prompts: Sequence[str] | Sequence[Sequence[int]], sampling: SamplingOptions, n: int = 1
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        sampling: SamplingOptions,
+        n: int = 1,
+        origin: Origin = INTERACTIVE,
     ) -> list[GenerationRequest | RequestError]:
         """``n`` engine requests per prompt (text, or token ids), in order, or the prompt's own problem in its
         place (a problem with the list itself, such as too many prompts, is raised)."""
@@ -129,23 +135,27 @@ class RequestBuilder:
                 continue
             token_ids, text = (tokens[index], prompt) if index in tokens else (list(prompt), "")
             try:
-                rows += [self._request(token_ids, text, sampling, f"prompts[{index}]") for _ in range(n)]
+                rows += [self._request(token_ids, text, sampling, f"prompts[{index}]", origin) for _ in range(n)]
             except RequestError as exc:
                 rows += [exc] * n
         return rows
 
     async def prompts(
-        self, prompts: Sequence[str] | Sequence[Sequence[int]], sampling: SamplingOptions, n: int = 1
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        sampling: SamplingOptions,
+        n: int = 1,
+        origin: Origin = INTERACTIVE,
     ) -> list[GenerationRequest]:
         """Like :meth:`rows`, all or none: the first prompt's problem refuses the request."""
-        rows = await self.rows(prompts, sampling, n)
+        rows = await self.rows(prompts, sampling, n, origin)
         for row in rows:
             if isinstance(row, RequestError):
                 raise row
         return rows  # type: ignore[return-value]
 
     async def chat(
-        self, messages: Sequence[dict[str, str]], sampling: SamplingOptions, n: int = 1
+        self, messages: Sequence[dict[str, str]], sampling: SamplingOptions, n: int = 1, origin: Origin = INTERACTIVE
     ) -> list[GenerationRequest]:
         """``n`` engine requests for a conversation (``{"role", "content"}`` dicts, content as text), with the
         model's chat template applied."""
@@ -154,13 +164,13 @@ class RequestBuilder:
         for index, message in enumerate(messages):
             self._check_text(message.get("content", ""), f"messages[{index}].content")
         token_ids, text = await self.engine.encode_chat(messages)
-        return [self._request(token_ids, text, sampling, "messages") for _ in range(n)]
+        return [self._request(token_ids, text, sampling, "messages", origin) for _ in range(n)]
 
     # -- OpenAI bodies ------------------------------------------------------------------------------------
 
     async def completion(self, body: CompletionRequest) -> list[GenerationRequest]:
         """A completions body's requests, ``n`` per prompt; with ``echo``, each carries its prompt's text."""
-        requests = await self.prompts(body.prompts(), self.check(body, body.model), n=body.n)
+        requests = await self.prompts(body.prompts(), self.check(body, body.model), body.n, body.origin)
         if body.echo:
             for request in requests:
                 request.prompt_text = request.prompt_text or await self.engine.decode(request.prompt_token_ids)
@@ -168,9 +178,11 @@ class RequestBuilder:
 
     async def chat_completion(self, body: ChatCompletionRequest) -> list[GenerationRequest]:
         """A chat completions body's ``n`` requests."""
-        return await self.chat(body.conversation(), self.check(body, body.model), n=body.n)
+        return await self.chat(body.conversation(), self.check(body, body.model), body.n, body.origin)
 
-    def _request(self, token_ids: list[int], text: str, sampling: SamplingOptions, what: str) -> GenerationRequest:
+    def _request(
+        self, token_ids: list[int], text: str, sampling: SamplingOptions, what: str, origin: Origin
+    ) -> GenerationRequest:
         context = self.engine.max_model_len
         if len(token_ids) >= context:
             raise RequestError(f"{what} has {len(token_ids)} tokens; the model's context is {context} tokens")
@@ -179,4 +191,5 @@ class RequestBuilder:
                 f"{what} has {len(token_ids)} tokens and asks for max_tokens={sampling.max_tokens}: "
                 f"{len(token_ids) + sampling.max_tokens} exceeds the model's context of {context} tokens"
             )
-        return GenerationRequest(f"req-{uuid.uuid4().hex}", token_ids, sampling, text)
+        request_id = f"req-{uuid.uuid4().hex}"
+        return GenerationRequest(request_id, token_ids, sampling, text, origin.priority, origin.tenant)

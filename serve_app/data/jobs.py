@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..config import DATA_PRIORITY
 from ..core.embedder import error_row as embed_error_row
 from ..core.generator import error_row as generate_error_row
 from ..errors import classify
@@ -183,6 +184,13 @@ def actor_pool(concurrency: int, actors: int | None = None) -> Any:
     )
 
 
+def job_tenant() -> str:
+    """The tenant a job's requests count against by default: its Ray job (one per driver process)."""
+    import ray
+
+    return f"ray-job-{ray.get_runtime_context().get_job_id()}"
+
+
 def generate(
     ds: Any,
     *,
@@ -194,11 +202,15 @@ def generate(
     actors: int | None = None,
     fail_fast: bool = False,
     max_retries: int = 6,
+    priority: int = DATA_PRIORITY,
+    tenant: str | None = None,
     **sampling: Any,
 ) -> Any:
     """Stream ``ds`` through the generation app: each row gains ``text``, ``prompt_tokens``, ``output_tokens``,
-    ``finish_reason`` and ``error``. Returns a lazy Dataset."""
-    kwargs = {"app": app, "deployment": deployment, "prompt_column": prompt_column, "sampling": sampling}
+    ``finish_reason`` and ``error``. Its requests go at ``priority`` (after interactive ones) and count against
+    ``tenant``'s fair share (default: this job). Returns a lazy Dataset."""
+    options = {**sampling, "priority": priority, "tenant": tenant or job_tenant()}
+    kwargs = {"app": app, "deployment": deployment, "prompt_column": prompt_column, "sampling": options}
     return _through_app(ds, ServeGenerate, kwargs, concurrency, batch_size, actors, fail_fast, max_retries)
 
 

@@ -36,4 +36,5 @@ def build_engine(config: AppConfig) -> Engine:
         return SimulatedEngine(config.simulated)
     from .vllm_engine import VLLMEngine
 
-    return VLLMEngine(resolve(config.model), config.vllm)
+    on_gpus = config.placement is not None and config.placement.bundle_per_worker.get("GPU", 0) > 0
+    return VLLMEngine(resolve(config.model), config.vllm, workers_on_gpus=on_gpus)

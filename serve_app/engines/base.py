@@ -50,12 +50,15 @@ class SamplingOptions:
 
 @dataclass
 class GenerationRequest:
-    """One prompt, tokenized, with its sampling and a unique request id (for aborts)."""
+    """One prompt, tokenized, with its sampling and a unique request id (for aborts); its ``priority`` (vLLM's
+    meaning: lower runs first) and ``tenant`` (whose share it counts against) order it in the batcher."""
 
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingOptions
     prompt_text: str = ""
+    priority: int = 0
+    tenant: str | None = None
     submitted_at: float = field(default_factory=time.monotonic)
     """When it passed validation (``time.monotonic``): the start of its queue wait."""
 

@@ -81,10 +81,12 @@ class VLLMEngine(Engine):
 
     name = "vllm"
 
-    def __init__(self, model: str, settings: VLLMSettings) -> None:
+    def __init__(self, model: str, settings: VLLMSettings, workers_on_gpus: bool = False) -> None:
+        """``workers_on_gpus``: the engine's workers run in the replica's placement group, on its GPUs (the replica
+        process itself then sees none)."""
         if os.path.isdir(model):  # a local folder: never let transformers or vLLM try the hub
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        on_gpu = has_cuda()
+        on_gpu = workers_on_gpus or has_cuda()
         if not on_gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gb))
             # Ray sets OMP_NUM_THREADS to a replica's logical CPUs (1 for num_cpus < 1), and vLLM's engine
@@ -116,7 +118,9 @@ class VLLMEngine(Engine):
             args["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if settings.max_num_seqs is not None:
             args["max_num_seqs"] = settings.max_num_seqs
+        args["scheduling_policy"] = settings.scheduling_policy
         args.update(settings.engine_args)
+        self._priorities = args["scheduling_policy"] == "priority"  # vLLM refuses a request's priority under fcfs
         logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
         self.max_model_len = settings.max_model_len
         # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
@@ -212,7 +216,8 @@ class VLLMEngine(Engine):
         try:
             params = self.sampling_params(request.sampling)
             prompt = await self._render(TokensPrompt(prompt_token_ids=request.prompt_token_ids))
-            async for output in self._llm.generate(prompt, params, request.request_id):
+            priority = {"priority": request.priority} if self._priorities else {}
+            async for output in self._llm.generate(prompt, params, request.request_id, **priority):
                 if not output.outputs:
                     continue
                 completion = output.outputs[0]

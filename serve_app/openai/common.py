@@ -37,6 +37,9 @@ Text = Annotated[str, AfterValidator(_valid_unicode)]
 
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
 
+Priority = Annotated[int, Field(ge=-(2**31), lt=2**31)]
+"""vLLM's request priority: lower runs first (interactive requests 0, batch jobs larger)."""
+
 Refusal = tuple[str, str]
 """``(field, why)``: a field set to something this server cannot honour (a 400 naming it)."""
 
@@ -89,6 +92,28 @@ class SamplingFields(BaseModel):
         return []
 
 
+class Origin(BaseModel):
+    """Who a request comes from, as the batcher orders it: its ``priority`` (lower runs first) and its ``tenant``
+    (whose fair share it counts against: the OpenAI ``user``, a Ray Data job's id)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    priority: Priority = 0
+    tenant: Text | None = Field(None, max_length=256)
+
+
+class OriginFields(BaseModel):
+    """The body fields that say who a request comes from: OpenAI's ``user`` (its tenant) and vLLM's ``priority``."""
+
+    user: Text | None = Field(None, max_length=256)
+    priority: Priority = 0
+
+    @property
+    def origin(self) -> Origin:
+        """Its priority, and its ``user`` as its tenant."""
+        return Origin(priority=self.priority, tenant=self.user)
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -97,18 +122,16 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = None  # vLLM's
 
 
-class OpenAIRequest(SamplingFields):
+class OpenAIRequest(SamplingFields, OriginFields):
     """Fields both OpenAI generation endpoints share."""
 
     model: Text | None = None
     n: int = Field(1, ge=1, le=16)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: Text | None = None
     # vLLM's, accepted with its defaults only
     use_beam_search: bool = False
     length_penalty: float = 1.0
-    priority: int = 0
     request_id: Text | None = None
 
     def refusals(self) -> list[Refusal]:
@@ -117,8 +140,6 @@ class OpenAIRequest(SamplingFields):
             out.append(("use_beam_search", "beam search is not supported; use sampling"))
         if self.length_penalty != 1.0:
             out.append(("length_penalty", "length_penalty applies to beam search, which is not supported"))
-        if self.priority != 0:
-            out.append(("priority", "priority scheduling is not enabled on this server"))
         if self.stream_options is not None and not self.stream:
             out.append(("stream_options", "only allowed with stream=true"))
         if self.stream_options is not None and self.stream_options.continuous_usage_stats:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from .common import SamplingFields, Text
+from .common import OriginFields, SamplingFields, Text
 
 
-class GenerateRequest(SamplingFields):
-    """``POST /generate``'s body."""
+class GenerateRequest(SamplingFields, OriginFields):
+    """``POST /generate``'s body: the seeds' fields, sampling, and the request's priority and tenant (``user``)."""
 
     prompts: list[Text] = Field(..., description="one or more prompts, answered in order")
     task_id: Text | None = Field(None, max_length=256)

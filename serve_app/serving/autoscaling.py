@@ -44,18 +44,23 @@ PROMPTS = "prompts"
 POLICY_PATH = "serve_app.serving.autoscaling:TokenAutoscalingPolicy"
 
 
-def replica_load(stats: Any, batch_budget: int | None = None) -> dict[str, float]:
+def replica_load(stats: Any, batch_budget: int | None = None, max_priority: int | None = None) -> dict[str, float]:
     """A replica's custom autoscaling metrics from its batcher's statistics (either mode's).
 
-    Continuous mode tracks the cost in flight and its budget; batch mode only counts records in flight, so
-    their cost is estimated at the mean cost per record so far, and its budget (``batch_budget``) is what
-    ``max_concurrent_batches`` batches of ``target_batch_tokens`` hold.
+    Continuous mode tracks the cost in flight and its budget, per priority too; batch mode only counts records
+    in flight, so their cost is estimated at the mean cost per record so far, and its budget (``batch_budget``)
+    is what ``max_concurrent_batches`` batches of ``target_batch_tokens`` hold. With ``max_priority``, only the
+    tokens of requests of that priority or a higher one (a smaller number) count.
     """
     in_flight_cost = stats.in_flight_cost
     if not stats.budget and stats.in_flight and stats.avg_batch_size:
         in_flight_cost = stats.in_flight * stats.avg_batch_cost / stats.avg_batch_size
+    load = stats.queued_cost + in_flight_cost
+    by_priority = getattr(stats, "tokens_by_priority", None)
+    if max_priority is not None and by_priority is not None:
+        load = sum(tokens for priority, tokens in by_priority.items() if priority <= max_priority)
     return {
-        TOKEN_LOAD: float(stats.queued_cost + in_flight_cost),
+        TOKEN_LOAD: float(load),
         TOKEN_BUDGET: float(stats.budget or batch_budget or 0),
         PROMPTS: float(stats.queue_depth + stats.in_flight),
     }

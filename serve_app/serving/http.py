@@ -14,16 +14,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
-from ..errors import ERROR_TABLE, RETRY_AFTER_S, error_body, exception_body, validation_error
+from ..errors import ERROR_TABLE, error_body, exception_body, retry_after, validation_error
 from ..openai.common import DONE, sse
 
 logger = logging.getLogger("serve_app")
 
 
-def error_response(status: int, message: str, param: str | None = None, retry: bool = False) -> Response:
+def error_response(status: int, message: str, param: str | None = None, retry_after_s: int | None = None) -> Response:
     """A JSON error in OpenAI's envelope (with ``Retry-After`` when the client should retry)."""
     body = json.dumps(error_body(status, message, param), ensure_ascii=True)
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else None
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
     return Response(body, status_code=status, headers=headers, media_type="application/json")
 
 
@@ -33,7 +33,7 @@ def exception_response(exc: BaseException) -> Response:
     if kind.status >= 500 and not kind.retry:
         logger.warning("request failed: %r", exc)
     error = body["error"]
-    return error_response(kind.status, error["message"], error["param"], kind.retry)
+    return error_response(kind.status, error["message"], error["param"], retry_after(exc) if kind.retry else None)
 
 
 async def _answer(_: Request, exc: Exception) -> Response:

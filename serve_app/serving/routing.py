@@ -1,0 +1,309 @@
+"""Token-aware request routing: send each request to the replica holding the fewest tokens.
+
+Why: Serve's default router (power of two choices) compares *ongoing requests*, and for an LLM a request is the
+wrong unit. A ``generate_batch`` call of 48 prompts with 1,024-token answers and a 16-token chat are each one
+ongoing request, so the replica chewing through the batch gets as many chats as the idle one, and they queue
+behind it. Each replica knows what it holds exactly, in its batcher's unit (prompt tokens + ``max_tokens`` per
+request, queued + in flight), and reports it (``Replica.record_routing_stats``: ``token_load``,
+``token_budget``, ``prompts``, ``at``). This router ranks replicas by it.
+
+How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in the app config):
+
+- **Held tokens**: a replica's ``token_load`` from its latest report, plus the estimated cost of every request
+  this router sent it since that report was measured (optimistic accounting between reports, as Serve's own
+  router does for queue lengths). A 4k-token request sent while the report is a second old counts at once, so
+  the burst behind it goes elsewhere. A request is counted from the moment it is *chosen* (a burst is routed
+  back to back, before any replica answers), moved to the replica that took it (``on_request_routed``) and
+  dropped when it completes (``on_request_completed``) or once a report measured after it was routed (plus
+  ``settle_s`` for it to reach the replica's batcher) arrives: that report already counts it. Reports are timed
+  by the replica's clock (``at``), routing by the router's (a report is never taken as newer than when it was
+  seen): hosts are assumed to agree to well under a second.
+- **Ranking**: by ``(held + cost) / token_budget``, the share of its budget a replica would hold with this
+  request (plain tokens when a replica reports no budget), lowest first. Replicas within ``tie_fraction`` of
+  each other tie; ties go to the local node or zone first (only where the router prefers locality, as the
+  HTTP proxy does), then to the shorter queue (Serve's queue-length cache), then at random. Every replica is
+  returned in its own rank, so Serve takes the best one unless it is at ``max_ongoing_requests``, then the
+  next.
+- **Cost of a request**: for handle calls, from the arguments (``generate(prompt)``, ``generate_batch(prompts)``,
+  ``chat(messages)``, their ``_stream`` forms): characters / 4 per prompt + ``max_tokens`` (or
+  ``max_completion_tokens``, else ``default_max_tokens``), times ``n``; handle calls that generate nothing
+  (``stats``, ``model_card``) cost 0. For HTTP requests from the proxy the body is not read yet: the
+  ``Content-Length`` / 4 + ``default_max_tokens`` (a GET costs 0). Anything else: ``unknown_cost``.
+- **Fallback**: where any replica's report is missing (a replica that just started) or older than
+  ``stale_after_s``, and for multiplexed requests, it routes as Serve's default router does (power of two
+  choices on ongoing requests, with its locality preference).
+
+Every process that routes (the HTTP proxy, each handle's owner) imports this module: it imports nothing of the
+app but two metric names and the cost estimates (:mod:`serve_app.serving.request_cost`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
+from ray.serve.request_router import (
+    LocalityMixin,
+    MultiplexMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from .autoscaling import TOKEN_BUDGET, TOKEN_LOAD
+from .request_cost import asgi_scope, handle_cost, http_cost
+
+if TYPE_CHECKING:
+    from ray.serve._private.replica_result import ReplicaResult
+
+logger = logging.getLogger("serve_app")
+
+MAX_CHOICES = 10_000
+"""Requests chosen but never confirmed routed (cancelled while queued) are forgotten beyond this many."""
+
+
+@dataclass(eq=False)  # identity: two requests may look alike
+class _Routed:
+    """A request this router sent (or is about to send) to a replica: its cost and since when."""
+
+    internal_id: str
+    cost: float
+    replica_id: ReplicaID
+    at: float
+    routed: bool = False  # the replica took it (on_request_routed); else only chosen so far
+
+
+class _Books:
+    """The requests this router sent one replica that its latest report (measured at ``at``) does not count yet,
+    and their tokens (``delta``). A report counts a request routed ``settle_s`` before it was measured; a request
+    that completes leaves at once. (One that completes after a report counted it is not taken off until the next
+    report: a report counts a batch's prompts only while they run, so its full cost would be too much.)"""
+
+    def __init__(self, settle_s: float) -> None:
+        self.settle_s = settle_s
+        self.stamp = self.at = -math.inf
+        self.delta = 0.0
+        self.fresh: dict[str, list[_Routed]] = {}  # by internal request id (dependent calls may share one)
+
+    def report(self, stamp: float, now: float) -> None:
+        """A new report (its ``at``, seen ``now``): forget what it counts (once per report, over the requests sent
+        since the last). It was measured before it was seen, whatever the replica's clock says."""
+        if stamp == self.stamp:
+            return
+        self.stamp, self.at = stamp, min(stamp, now)
+        cutoff = self.at - self.settle_s
+        for internal_id, entries in list(self.fresh.items()):
+            kept = [r for r in entries if r.at > cutoff]
+            if kept:
+                self.fresh[internal_id] = kept
+            else:
+                del self.fresh[internal_id]
+        self.delta = sum(r.cost for entries in self.fresh.values() for r in entries)
+
+    def add(self, routed: _Routed) -> None:
+        if routed.at > self.at - self.settle_s:
+            self.fresh.setdefault(routed.internal_id, []).append(routed)
+            self.delta += routed.cost
+
+    def remove(self, routed: _Routed) -> bool:
+        entries = self.fresh.get(routed.internal_id, [])
+        for index, other in enumerate(entries):
+            if other is routed:
+                del entries[index]
+                if not entries:
+                    del self.fresh[routed.internal_id]
+                self.delta -= routed.cost
+                return True
+        return False
+
+    def complete(self, internal_id: str) -> None:
+        entries = self.fresh.get(internal_id)
+        if entries:
+            self.remove(next((r for r in entries if r.routed), entries[0]))
+
+
+def _key(request: PendingRequest) -> tuple[int, float]:
+    """A pending request's identity while it is routed (a retry is the same object; it is not hashable)."""
+    return id(request), request.created_at
+
+
+class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
+    """Ranks replicas by the tokens they hold (see the module's docstring). ``request_router_kwargs``:
+
+    Args:
+        stale_after_s: a report older than this (or none yet) sends every request through Serve's power of two
+            choices until all replicas report again.
+        default_max_tokens: ``max_tokens`` of a request that does not say (the app's ``sampling.max_tokens``).
+        settle_s: a report measured less than this after a request was routed may not count it yet (the hop to
+            the replica, tokenizing): until a later one, the router still adds it.
+        tie_fraction: replicas whose held tokens differ by less than this share of their budget tie.
+        unknown_cost: tokens of a request whose cost cannot be read; default: 128 + ``default_max_tokens``.
+    """
+
+    def initialize_state(
+        self,
+        stale_after_s: float = 5.0,
+        default_max_tokens: int = 128,
+        settle_s: float = 0.1,
+        tie_fraction: float = 0.01,
+        unknown_cost: float | None = None,
+    ) -> None:
+        if stale_after_s <= 0 or default_max_tokens < 1 or settle_s < 0 or tie_fraction < 0:
+            raise ValueError(
+                f"TokenLoadRouter: bad settings stale_after_s={stale_after_s} default_max_tokens={default_max_tokens} "
+                f"settle_s={settle_s} tie_fraction={tie_fraction}"
+            )
+        self.stale_after_s = stale_after_s
+        self.default_max_tokens = default_max_tokens
+        self.settle_s = settle_s
+        self.tie_fraction = tie_fraction
+        self.unknown_cost = float(unknown_cost if unknown_cost is not None else 128 + default_max_tokens)
+        self._books: dict[ReplicaID, _Books] = {}  # per replica: what its report does not show yet
+        self._chosen: dict[tuple[int, float], _Routed] = {}  # by _key(request): chosen, not yet seen routed
+        self._degraded = False
+
+    # -- Cost and load --------------------------------------------------------------------------------------
+
+    def estimate_cost(self, request: PendingRequest) -> float:
+        """Tokens ``request`` will hold at its replica (prompt + max_tokens per prompt), estimated."""
+        cost: float | None = None
+        try:
+            if request.metadata.is_http_request:
+                scope = asgi_scope(request.args[0]) if request.args else None
+                cost = http_cost(scope, self.default_max_tokens) if scope is not None else None
+            else:
+                method = request.metadata.call_method
+                cost = handle_cost(method, request.args, request.kwargs, self.default_max_tokens)
+        except Exception:  # never fail a request over an estimate
+            logger.debug("token router: no cost estimate for %s", request.metadata.call_method, exc_info=True)
+        return self.unknown_cost if cost is None else cost
+
+    def held_tokens(self, replica: RunningReplica, now: float) -> float | None:
+        """Tokens ``replica`` holds: its last report plus what was sent to it since (and has not completed);
+        ``None`` when that report is missing or stale."""
+        stats = replica.routing_stats or {}
+        load, at = stats.get(TOKEN_LOAD), stats.get("at")
+        if not isinstance(load, (int, float)) or not isinstance(at, (int, float)) or now - at > self.stale_after_s:
+            return None
+        books = self._books.get(replica.replica_id)
+        if books is None:
+            return float(load)
+        books.report(at, now)
+        return float(load) + books.delta
+
+    def rank(
+        self, replicas: Sequence[RunningReplica], held: dict[ReplicaID, float], cost: float
+    ) -> list[RunningReplica]:
+        """``replicas`` best first: by held tokens (+ ``cost``) over budget; ties by locality, queue, chance."""
+        budgets = {r.replica_id: float((r.routing_stats or {}).get(TOKEN_BUDGET) or 0) for r in replicas}
+        by_share = all(b > 0 for b in budgets.values())
+        tie = self.tie_fraction if by_share else self.tie_fraction * max(budgets.values(), default=0.0)
+
+        def load(r: RunningReplica) -> float:
+            after = held[r.replica_id] + cost
+            return after / budgets[r.replica_id] if by_share else after
+
+        node, zone = self._self_node_id, self._self_availability_zone
+
+        def tie_break(r: RunningReplica) -> tuple[int, int, float]:
+            here = self._prefer_local_node_routing and node is not None and r.node_id == node
+            near = self._prefer_local_az_routing and zone is not None and r.availability_zone == zone
+            queue = self._replica_queue_len_cache.get(r.replica_id)
+            return 0 if here else 1 if near else 2, queue if queue is not None else 0, random.random()
+
+        ranked: list[RunningReplica] = []
+        group: list[RunningReplica] = []
+        for replica in sorted(replicas, key=load):
+            if group and load(replica) - load(group[0]) > tie:
+                ranked += sorted(group, key=tie_break)
+                group = []
+            group.append(replica)
+        return ranked + sorted(group, key=tie_break)
+
+    # -- Serve's interface ----------------------------------------------------------------------------------
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        """Every candidate, best first, one per rank (Serve takes the first that is not full); Serve's power of two
+        choices where a report is missing or stale, or for a multiplexed model."""
+        if not candidate_replicas or pending_request is None or pending_request.metadata.multiplexed_model_id:
+            return await self._power_of_two(candidate_replicas, pending_request)
+        now = time.time()
+        held = {r.replica_id: self.held_tokens(r, now) for r in candidate_replicas}
+        if any(h is None for h in held.values()):
+            if not self._degraded:
+                missing = sum(h is None for h in held.values())
+                logger.info("token router: %d replica(s) without a fresh report; ongoing requests decide", missing)
+                self._degraded = True
+            return await self._power_of_two(candidate_replicas, pending_request)
+        if self._degraded:
+            logger.info("token router: every replica reports; routing by tokens again")
+            self._degraded = False
+        previous = self._chosen.get(_key(pending_request))
+        internal_id = pending_request.metadata.internal_request_id
+        same = previous is not None and previous.internal_id == internal_id
+        cost = previous.cost if same else self.estimate_cost(pending_request)  # type: ignore[union-attr]
+        ranked = self.rank(candidate_replicas, held, cost)  # type: ignore[arg-type]
+        self._count(pending_request, _Routed(internal_id, cost, ranked[0].replica_id, now))
+        pending_request.routing_context.should_backoff = True  # back off between passes when every replica is full
+        return [[replica] for replica in ranked]
+
+    async def _power_of_two(
+        self, candidates: list[RunningReplica], request: PendingRequest | None
+    ) -> list[list[RunningReplica]]:
+        return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidates, request)  # type: ignore[arg-type]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
+        """The replica took the request: count it there from now until a report counts it."""
+        chosen = self._chosen.pop(_key(pending_request), None)
+        internal_id = pending_request.metadata.internal_request_id
+        if chosen is None or chosen.internal_id != internal_id:
+            chosen = _Routed(internal_id, self.estimate_cost(pending_request), replica_id, 0.0)
+        else:
+            self._book(chosen.replica_id).remove(chosen)
+        chosen.replica_id, chosen.at, chosen.routed = replica_id, time.time(), True
+        self._book(replica_id).add(chosen)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        """It finished (or was refused): it holds nothing there any more."""
+        books = self._books.get(replica_id)
+        if books is not None:
+            books.complete(internal_request_id)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        for gone in set(self._books) - self._replica_id_set:
+            del self._books[gone]
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._books.pop(replica_id, None)
+
+    # -- Bookkeeping ----------------------------------------------------------------------------------------
+
+    def _book(self, replica_id: ReplicaID) -> _Books:
+        books = self._books.get(replica_id)
+        if books is None:
+            books = self._books[replica_id] = _Books(self.settle_s)
+        return books
+
+    def _count(self, request: PendingRequest, chosen: _Routed) -> None:
+        """Count ``request`` at the replica it was just ranked first for (a burst chosen back to back spreads
+        before any of it reaches a replica); a second pass for the same request moves it."""
+        key = _key(request)
+        previous = self._chosen.get(key)
+        if previous is not None:
+            self._book(previous.replica_id).remove(previous)
+        if len(self._chosen) >= MAX_CHOICES:
+            cutoff = chosen.at - self.stale_after_s
+            self._chosen = {key: c for key, c in self._chosen.items() if c.at > cutoff}
+        self._chosen[key] = chosen
+        self._book(chosen.replica_id).add(chosen)

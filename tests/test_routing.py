@@ -1,0 +1,368 @@
+"""The token-load router (serve_app/serving/routing.py): unit tests on Ray Serve's real ``RequestRouter`` machinery
+with fake replicas that carry routing statistics (ranking by tokens held, the cost estimate of handle and HTTP
+requests, optimistic accounting between reports, the stale fallback, tie-breaks, the full routing loop), and a
+multi-replica run on a local multi-node Ray cluster (in a subprocess: this process belongs to the session's
+cluster) where the tokens held stay balanced on a skewed workload, better than with Serve's default router, and
+every request is answered once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import pytest
+from ray.serve._private.common import (
+    DeploymentHandleSource,
+    DeploymentID,
+    ReplicaID,
+    RequestMetadata,
+    RequestProtocol,
+    StreamingHTTPRequest,
+)
+from ray.serve.request_router import PendingRequest
+
+from serve_app.serving.request_cost import handle_cost, text_tokens
+from serve_app.serving.routing import TokenLoadRouter
+
+DEPLOYMENT = DeploymentID(name="LLMServer", app_name="llm")
+BUDGET = 10_000.0
+
+
+class FakeReplica:
+    """What a router reads from a ``RunningReplica``: its id, node, limits, routing statistics and queue length."""
+
+    def __init__(self, name: str, load: float = 0.0, age_s: float = 0.0, node: str = "node-b", queue: int = 0):
+        self.replica_id = ReplicaID(unique_id=name, deployment_id=DEPLOYMENT)
+        self.node_id = node
+        self.availability_zone = None
+        self.multiplexed_model_ids: set[str] = set()
+        self.max_ongoing_requests = 100
+        self.queue = queue
+        self.report(load, age_s)
+
+    def report(self, load: float, age_s: float = 0.0, at: float | None = None) -> None:
+        """A new report, as ``Replica.record_routing_stats`` makes it (``at``: when it was measured)."""
+        at = time.time() - age_s if at is None else at
+        self.routing_stats: dict[str, Any] = {"token_load": load, "token_budget": BUDGET, "prompts": 1.0, "at": at}
+
+    async def get_queue_len(self, *, deadline_s: float) -> int:
+        return self.queue
+
+    def __repr__(self) -> str:
+        return self.replica_id.unique_id
+
+
+async def router_with(*replicas: FakeReplica, node: str = "node-a", prefer_local: bool = False, **kwargs: Any):
+    """A ``TokenLoadRouter`` built as Serve's router builds one (its ``initialize_state`` given ``kwargs``), with
+    ``replicas`` running; their queue lengths are in its cache once probed."""
+    router = TokenLoadRouter(
+        deployment_id=DEPLOYMENT,
+        handle_source=DeploymentHandleSource.UNKNOWN,
+        self_node_id=node,
+        prefer_local_node_routing=prefer_local,
+        prefer_local_az_routing=True,  # Serve's default for every router; this cluster has no zones
+        use_replica_queue_len_cache=True,
+    )
+    router.initialize_state(**{"default_max_tokens": 128, **kwargs})
+    router.update_replicas(list(replicas))
+    await router._probe_queue_lens(list(replicas), 0)  # as update_replicas does in the background
+    return router
+
+
+def request(method: str = "generate", *args: Any, **kwargs: Any) -> PendingRequest:
+    """A handle call ``method(*args, **kwargs)`` waiting to be routed."""
+    ids = {"request_id": uuid.uuid4().hex, "internal_request_id": uuid.uuid4().hex}
+    return PendingRequest(args=list(args), kwargs=kwargs, metadata=RequestMetadata(**ids, call_method=method))
+
+
+def http_request(method: str = "POST", length: int | None = 4_000, path: str = "/generate") -> PendingRequest:
+    """An HTTP request as Serve's proxy hands it to its router: a pickled ``StreamingHTTPRequest``."""
+    headers = [(b"content-type", b"application/json")]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    scope = {"type": "http", "method": method, "path": path, "headers": headers}
+    arg = pickle.dumps(StreamingHTTPRequest(asgi_scope=scope, proxy_actor_name="SERVE_PROXY_ACTOR-x"))
+    metadata = RequestMetadata(
+        request_id="r", internal_request_id=uuid.uuid4().hex, _request_protocol=RequestProtocol.HTTP
+    )
+    return PendingRequest(args=[arg], kwargs={}, metadata=metadata)
+
+
+async def route(router: TokenLoadRouter, pending: PendingRequest) -> FakeReplica:
+    """Serve's whole routing loop for one request (choose, select by queue length, fulfil): the replica it got."""
+    return await asyncio.wait_for(router._choose_replica_for_request(pending), 10)
+
+
+def names(ranks: list[list[Any]]) -> list[list[str]]:
+    return [[r.replica_id.unique_id for r in rank] for rank in ranks]
+
+
+# -- What a request costs ---------------------------------------------------------------------------------
+
+
+def test_handle_calls_cost_prompt_tokens_plus_max_tokens_per_prompt():
+    assert handle_cost("generate", ["x" * 400], {"max_tokens": 50}, 128) == 100 + 50
+    assert handle_cost("generate_stream", ["x" * 400], {}, 128) == 100 + 128  # default max_tokens
+    assert handle_cost("generate", [], {"prompt": [1, 2, 3], "max_tokens": 7}, 128) == 3 + 7  # token ids, by keyword
+    batch = handle_cost("generate_batch", [["y" * 40] * 48], {"max_tokens": 1_024, "priority": 5}, 128)
+    assert batch == 48 * (10 + 1_024)  # 48 prompts: 48 times a chat's weight, where Serve counts one request
+    messages = [
+        {"role": "system", "content": "s" * 40},
+        {"role": "user", "content": [{"type": "text", "text": "u" * 80}]},
+    ]
+    assert handle_cost("chat", [messages], {"max_completion_tokens": 20}, 128) == 10 + 20 + 20
+    assert handle_cost("chat_stream", [messages], {"max_tokens": 10, "n": 3}, 128) == 3 * (30 + 10)
+    assert handle_cost("stats", [], {}, 128) == 0 and handle_cost("model_card", [], {}, 128) == 0
+    assert handle_cost("embed", ["x"], {}, 128) is None  # not a generation method: unknown
+    assert handle_cost("generate", [object()], {}, 128) is None  # an unresolved reference: unknown
+    assert text_tokens({"role": "user"}) == 0 and text_tokens(None) is None
+
+
+async def test_unknown_costs_are_priced_at_the_fallback_and_http_by_its_content_length():
+    router = await router_with(FakeReplica("r0"), default_max_tokens=100)
+    assert router.estimate_cost(request("generate", "x" * 40, max_tokens=5)) == 15
+    assert router.estimate_cost(request("generate", object())) == 128 + 100  # nothing readable: the constant
+    assert router.estimate_cost(request("unknown_method", "x")) == 128 + 100
+    assert router.estimate_cost(http_request(length=4_000)) == 1_000 + 100  # body / 4 + default max_tokens
+    assert router.estimate_cost(http_request("GET", length=None, path="/stats")) == 0
+    assert router.estimate_cost(http_request(length=None)) == 128 + 100  # chunked: no length
+    broken = http_request()
+    broken.args = [b"not a pickle"]
+    assert router.estimate_cost(broken) == 128 + 100  # never raises
+    custom = await router_with(FakeReplica("r0"), unknown_cost=7)
+    assert custom.estimate_cost(request("generate", object())) == 7
+    with pytest.raises(ValueError, match="stale_after_s"):
+        await router_with(FakeReplica("r0"), stale_after_s=0)
+
+
+# -- Ranking by tokens held -------------------------------------------------------------------------------
+
+
+async def test_ranks_replicas_by_tokens_held_not_by_ongoing_requests():
+    # busy holds one 48-prompt batch (1 ongoing request), idle holds nothing, chats holds 12 short chats
+    busy, idle, chats = (
+        FakeReplica("busy", 9_000, queue=1),
+        FakeReplica("idle", 100, queue=2),
+        FakeReplica("chats", 3_000, queue=12),
+    )
+    router = await router_with(busy, idle, chats)
+    ranks = await router.choose_replicas([busy, idle, chats], request("generate", "hi", max_tokens=8))
+    assert names(ranks) == [["idle"], ["chats"], ["busy"]]  # one replica per rank, best first
+    assert await route(router, request("chat", [{"role": "user", "content": "hi"}])) is idle
+    # Serve's default router, on the same replicas, prefers the fewest ongoing requests: the busy one
+    assert min([busy, idle, chats], key=lambda r: r.queue) is busy
+
+
+async def test_a_full_replica_passes_the_request_to_the_next_rank():
+    full, next_best = FakeReplica("full", 0, queue=100), FakeReplica("next", 500)  # full: at max_ongoing_requests
+    router = await router_with(full, next_best, FakeReplica("last", 5_000))
+    pending = request("generate", "x" * 400, max_tokens=100)
+    assert await route(router, pending) is next_best
+    router.on_request_routed(pending, next_best.replica_id, None)  # what Serve calls once the replica accepts
+    assert router.held_tokens(next_best, time.time()) == 500 + 200  # counted where it went
+    assert router.held_tokens(full, time.time()) == 0  # not where it was first ranked
+
+
+# -- Optimistic accounting between reports ----------------------------------------------------------------
+
+
+async def test_a_burst_spreads_across_replicas_before_the_next_report():
+    replicas = [FakeReplica(f"r{i}", 0) for i in range(3)]
+    router = await router_with(*replicas)
+    burst = [request("generate_batch", ["x" * 400] * 16, max_tokens=150) for _ in range(6)]  # 4,000 tokens each
+    chosen = [await route(router, pending) for pending in burst]  # back to back: no report, no replica answered yet
+    assert sorted(chosen.count(r) for r in replicas) == [2, 2, 2]
+    for pending, replica in zip(burst, chosen):
+        router.on_request_routed(pending, replica.replica_id, None)
+    assert [router.held_tokens(r, time.time()) for r in replicas] == [8_000.0] * 3
+
+
+async def test_a_4k_request_counts_at_once_though_the_report_is_a_second_old():
+    a, b = FakeReplica("a", 1_000, age_s=1.0), FakeReplica("b", 1_200, age_s=1.0)
+    router = await router_with(a, b)
+    big = request("generate", "x" * 4_000, max_tokens=3_000)  # 4,000 tokens
+    assert await route(router, big) is a
+    router.on_request_routed(big, a.replica_id, None)
+    assert router.held_tokens(a, time.time()) == 5_000
+    assert await route(router, request("chat", [{"role": "user", "content": "hi"}], max_tokens=16)) is b
+
+
+async def test_a_report_measured_after_routing_replaces_the_delta_and_an_older_one_does_not():
+    a, b = FakeReplica("a", 0), FakeReplica("b", 0)
+    router = await router_with(a, b, settle_s=0.0)
+    pending = request("generate", "x" * 4_000, max_tokens=3_000)
+    replica = await route(router, pending)
+    router.on_request_routed(pending, replica.replica_id, None)
+    routed_at = time.time()
+    replica.report(300, at=routed_at - 0.5)  # measured before it arrived: the delta still counts
+    assert router.held_tokens(replica, time.time()) == 300 + 4_000
+    replica.report(4_100, at=routed_at + 0.01)  # measured after: it already counts the request
+    assert router.held_tokens(replica, time.time()) == 4_100
+    router.on_request_completed(replica.replica_id, pending.metadata.internal_request_id)
+    assert router.held_tokens(replica, time.time()) == 4_100  # counted by the report: until the next one says
+    replica.report(100, at=time.time() + 0.01)
+    assert router.held_tokens(replica, time.time()) == 100
+
+
+async def test_a_report_within_settle_s_of_routing_does_not_replace_the_delta_yet():
+    a = FakeReplica("a", 0)
+    router = await router_with(a, settle_s=0.5)
+    pending = request("generate", "x" * 400, max_tokens=100)
+    await route(router, pending)
+    router.on_request_routed(pending, a.replica_id, None)
+    later = time.time() + 0.1  # (the router is told the time: a report is never newer than when it is seen)
+    a.report(0, at=later)  # too soon: the request may still be on its way into the batcher
+    assert router.held_tokens(a, later) == 200
+    later += 1.0
+    a.report(200, at=later)
+    assert router.held_tokens(a, later) == 200
+
+    b = FakeReplica("b", 0)
+    router = await router_with(b, settle_s=0.5)
+    ahead = request("generate", "x" * 400, max_tokens=100)
+    assert await route(router, ahead) is b
+    router.on_request_routed(ahead, b.replica_id, None)
+    b.report(0, at=time.time() + 9)  # the replica's clock 9 s ahead: its report counts from when it is seen
+    assert router.held_tokens(b, time.time()) == 200
+
+
+async def test_completed_and_refused_requests_leave_the_delta():
+    a, b = FakeReplica("a", 0), FakeReplica("b", 50)
+    router = await router_with(a, b)
+    done, refused, running = (request("generate", "x" * 400, max_tokens=100) for _ in range(3))
+    for pending in (done, running):
+        replica = await route(router, pending)
+        router.on_request_routed(pending, replica.replica_id, None)
+    assert router.held_tokens(a, time.time()) + router.held_tokens(b, time.time()) == 50 + 2 * 200
+    router.on_request_completed(a.replica_id, done.metadata.internal_request_id)
+    router.on_request_completed(b.replica_id, done.metadata.internal_request_id)
+    assert router.held_tokens(a, time.time()) + router.held_tokens(b, time.time()) == 50 + 200
+    # refused: chosen, then completed without ever being routed (Serve retries it)
+    target = await route(router, refused)
+    router.on_request_completed(target.replica_id, refused.metadata.internal_request_id)
+    assert router.held_tokens(a, time.time()) + router.held_tokens(b, time.time()) == 50 + 200
+    router.on_request_completed(a.replica_id, "never-seen")  # tolerated
+    # chosen but never sent (its caller gave up while it waited): the next report forgets it
+    abandoned = request("generate", "x" * 4_000, max_tokens=1_000)
+    target = await route(router, abandoned)
+    assert router.held_tokens(target, time.time()) >= 2_000
+    target.report(0, at=time.time() + 1)
+    assert router.held_tokens(target, time.time() + 1) == 0
+    assert abandoned.metadata.internal_request_id not in router._books[target.replica_id].fresh
+
+
+# -- Stale statistics, tie-breaks ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["stale", "missing", "no at", "multiplexed"])
+async def test_stale_or_missing_statistics_fall_back_to_power_of_two_choices(case):
+    replicas = [FakeReplica(f"r{i}", 1_000 * i) for i in range(4)]
+    pending = request("generate", "hi")
+    if case == "stale":
+        replicas[2].report(0, age_s=30)  # older than stale_after_s
+    elif case == "missing":
+        replicas[2].routing_stats = {}  # a replica that just started
+    elif case == "no at":
+        del replicas[2].routing_stats["at"]
+    else:
+        pending.metadata.multiplexed_model_id = "adapter-1"
+    router = await router_with(*replicas, stale_after_s=5)
+    for _ in range(20):
+        ranks = await router.choose_replicas(replicas, pending)
+        assert len(ranks) == 1 and len(ranks[0]) == 2  # Serve's shape: two random replicas, the shorter queue wins
+    held = [router.held_tokens(r, time.time()) for r in replicas]
+    assert all(h in (None, 1_000 * i) for i, h in enumerate(held))  # nothing counted
+    assert await route(router, pending) in replicas
+    replicas[2].report(0)  # it reports again: tokens decide
+    if case != "multiplexed":
+        assert names(await router.choose_replicas(replicas, request("generate", "hi")))[0] in (["r0"], ["r2"])
+
+
+async def test_ties_go_to_the_local_node_then_the_shorter_queue_and_tokens_beat_both():
+    here, there = FakeReplica("here", 1_000, node="node-a", queue=9), FakeReplica("there", 1_050, node="node-b")
+    local = await router_with(here, there, prefer_local=True)  # as the HTTP proxy routes
+    assert names(await local.choose_replicas([here, there], request("generate", "hi"))) == [["here"], ["there"]]
+    anywhere = await router_with(here, there)  # a handle: no locality preference; 50 tokens is within 1% of 10,000
+    assert names(await anywhere.choose_replicas([here, there], request("generate", "hi"))) == [["there"], ["here"]]
+    far = FakeReplica("far", 0, node="node-b")
+    local = await router_with(here, far, prefer_local=True)
+    assert names(await local.choose_replicas([here, far], request("generate", "hi"))) == [["far"], ["here"]]
+    even = [FakeReplica(f"e{i}", 0) for i in range(3)]
+    router = await router_with(*even)
+    firsts = {names(await router.choose_replicas(even, request("stats")))[0][0] for _ in range(60)}
+    assert firsts == {"e0", "e1", "e2"}  # a free call on an even fleet goes anywhere, by chance
+
+
+async def test_replicas_that_leave_take_their_books_with_them():
+    a, b = FakeReplica("a", 0), FakeReplica("b", 0)
+    router = await router_with(a, b)
+    pending = request("generate", "x" * 400)
+    replica = await route(router, pending)
+    router.on_request_routed(pending, replica.replica_id, None)
+    router.update_replicas([r for r in (a, b) if r is not replica])
+    assert replica.replica_id not in router._books
+    router.on_replica_actor_died(a.replica_id)
+    assert a.replica_id not in router._books
+
+
+def test_the_app_config_selects_the_router_and_serve_can_load_it():
+    from ray.serve.config import RequestRouterConfig
+
+    from serve_app.config import AppConfig
+    from serve_app.serving.options import deployment_options
+
+    options = deployment_options(AppConfig(engine="simulated", routing={"stale_after_s": 3.0}))
+    config = RequestRouterConfig(**options["request_router_config"])
+    cls = config.get_request_router_class()  # what every proxy and handle does: pickled by value, loaded back
+    assert cls.__name__ == "TokenLoadRouter"
+    assert config.request_router_kwargs == {"stale_after_s": 3.0, "default_max_tokens": 128}
+    assert "request_router_config" not in deployment_options(AppConfig(engine="simulated", routing={"router": "serve"}))
+
+
+# -- Several replicas on several nodes ----------------------------------------------------------------------
+
+
+@pytest.mark.serve
+@pytest.mark.reliability
+def test_token_router_balances_tokens_held_across_nodes_better_than_serves_router():
+    """4 replicas of the SIMULATED engine, one per node of a local 4-node cluster; the same skewed workload (a few
+    48-prompt batches with long outputs among many short chats, streamed and over HTTP) through each router in
+    turn. Asserts on what the subprocess prints: every request answered once, the replicas on 4 nodes, and the
+    spread of tokens held (max - min over the replicas, sampled while the load runs) smaller with the token router."""
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # a private cluster: its own temp dir, found and cleaned
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.routing", "--check"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    from benchmarks.procs import stop
+
+    try:
+        output, _ = proc.communicate(timeout=540)
+    finally:
+        stop(proc, ray_tmp)
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    assert lines, output[-5000:]
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    for router in ("tokens", "serve"):
+        run = result[router]
+        assert run["errors"] == [], run["errors"]
+        assert run["answered"] == run["sent"] and run["prompts_run"] == run["prompts_sent"], run  # each once
+        assert len(set(run["nodes"].values())) == 4, run["nodes"]  # the replicas really sit on 4 nodes
+        assert run["samples"] >= 10
+    tokens, serve = result["tokens"], result["serve"]
+    assert tokens["spread_mean"] < serve["spread_mean"], (tokens["spread_mean"], serve["spread_mean"])
+    assert tokens["spread_p90"] < serve["spread_p90"], (tokens["spread_p90"], serve["spread_p90"])
