@@ -40,19 +40,21 @@ BUDGET = 10_000.0
 class FakeReplica:
     """What a router reads from a ``RunningReplica``: its id, node, limits, routing statistics and queue length."""
 
-    def __init__(self, name: str, load: float = 0.0, age_s: float = 0.0, node: str = "node-b", queue: int = 0):
+    def __init__(
+        self, name: str, load: float = 0.0, age_s: float = 0.0, node: str = "node-b", queue: int = 0, prompts: int = 1
+    ):
         self.replica_id = ReplicaID(unique_id=name, deployment_id=DEPLOYMENT)
         self.node_id = node
         self.availability_zone = None
         self.multiplexed_model_ids: set[str] = set()
         self.max_ongoing_requests = 100
-        self.queue = queue
-        self.report(load, age_s)
+        self.queue = queue  # what Serve's queue-length probe answers
+        self.report(load, age_s, prompts=prompts)
 
-    def report(self, load: float, age_s: float = 0.0, at: float | None = None) -> None:
+    def report(self, load: float, age_s: float = 0.0, at: float | None = None, prompts: int = 1) -> None:
         """A new report, as ``Replica.record_routing_stats`` makes it (``at``: when it was measured)."""
         at = time.time() - age_s if at is None else at
-        self.routing_stats: dict[str, Any] = {"token_load": load, "token_budget": BUDGET, "prompts": 1.0, "at": at}
+        self.routing_stats: dict[str, Any] = {"token_load": load, "token_budget": BUDGET, "prompts": prompts, "at": at}
 
     async def get_queue_len(self, *, deadline_s: float) -> int:
         return self.queue
@@ -288,7 +290,7 @@ async def test_stale_or_missing_statistics_fall_back_to_power_of_two_choices(cas
 
 
 async def test_ties_go_to_the_local_node_then_the_shorter_queue_and_tokens_beat_both():
-    here, there = FakeReplica("here", 1_000, node="node-a", queue=9), FakeReplica("there", 1_050, node="node-b")
+    here, there = FakeReplica("here", 1_000, node="node-a", prompts=9), FakeReplica("there", 1_050, node="node-b")
     local = await router_with(here, there, prefer_local=True)  # as the HTTP proxy routes
     assert names(await local.choose_replicas([here, there], request("generate", "hi"))) == [["here"], ["there"]]
     anywhere = await router_with(here, there)  # a handle: no locality preference; 50 tokens is within 1% of 10,000
@@ -300,6 +302,16 @@ async def test_ties_go_to_the_local_node_then_the_shorter_queue_and_tokens_beat_
     router = await router_with(*even)
     firsts = {names(await router.choose_replicas(even, request("stats")))[0][0] for _ in range(60)}
     assert firsts == {"e0", "e1", "e2"}  # a free call on an even fleet goes anywhere, by chance
+
+
+async def test_a_stale_queue_length_in_serves_cache_does_not_decide_ties():
+    """After a burst, Serve's queue-length cache may still hold a long queue for a replica this router has not
+    sent to since (its entries live 10 s); both now report an empty queue, so free calls go to both."""
+    was_busy, other = FakeReplica("was-busy", 0, queue=12, prompts=0), FakeReplica("other", 0, prompts=0)
+    router = await router_with(was_busy, other)
+    assert router._replica_queue_len_cache.get(was_busy.replica_id) == 12  # probed during the burst
+    got = {(await route(router, request("stats"))).replica_id.unique_id for _ in range(40)}
+    assert got == {"was-busy", "other"}
 
 
 async def test_replicas_that_leave_take_their_books_with_them():

@@ -21,7 +21,10 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
 - **Ranking**: by ``(held + cost) / token_budget``, the share of its budget a replica would hold with this
   request (plain tokens when a replica reports no budget), lowest first. Replicas within ``tie_fraction`` of
   each other tie; ties go to the local node or zone first (only where the router prefers locality, as the
-  HTTP proxy does), then to the shorter queue (Serve's queue-length cache), then at random. Every replica is
+  HTTP proxy does), then to the shorter queue, then at random. The queue is the replica's reported prompts
+  plus the requests sent it since, as fresh as the tokens: not Serve's queue-length cache, whose entry for a
+  replica this router has not sent to lately can be 10 s old (after a burst, every free call went to the
+  replica last sent to until the other's entry expired). Every replica is
   returned in its own rank, so Serve takes the best one unless it is at ``max_ongoing_requests``, then the
   next.
 - **Cost of a request**: for handle calls, from the arguments (``generate(prompt)``, ``generate_batch(prompts)``,
@@ -57,7 +60,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from .autoscaling import TOKEN_BUDGET, TOKEN_LOAD
+from .autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD
 from .request_cost import asgi_scope, handle_cost, http_cost
 
 if TYPE_CHECKING:
@@ -106,6 +109,11 @@ class _Books:
             else:
                 del self.fresh[internal_id]
         self.delta = sum(r.cost for entries in self.fresh.values() for r in entries)
+
+    @property
+    def requests(self) -> int:
+        """Requests sent since the report (and not completed)."""
+        return sum(len(entries) for entries in self.fresh.values())
 
     def add(self, routed: _Routed) -> None:
         if routed.at > self.at - self.settle_s:
@@ -212,11 +220,12 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
 
         node, zone = self._self_node_id, self._self_availability_zone
 
-        def tie_break(r: RunningReplica) -> tuple[int, int, float]:
+        def tie_break(r: RunningReplica) -> tuple[int, float, float]:
             here = self._prefer_local_node_routing and node is not None and r.node_id == node
             near = self._prefer_local_az_routing and zone is not None and r.availability_zone == zone
-            queue = self._replica_queue_len_cache.get(r.replica_id)
-            return 0 if here else 1 if near else 2, queue if queue is not None else 0, random.random()
+            books = self._books.get(r.replica_id)
+            queue = float((r.routing_stats or {}).get(PROMPTS) or 0) + (books.requests if books else 0)
+            return 0 if here else 1 if near else 2, queue, random.random()
 
         ranked: list[RunningReplica] = []
         group: list[RunningReplica] = []
