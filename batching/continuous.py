@@ -117,8 +117,8 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             back after being idle starts level with the least served of those waiting, so idle time banks
             no credit. Two tenants with backlogs get admitted cost within one record's cost of each
             other. Default off: arrival order across tenants.
-        tenant_fn: ``(record) -> hashable``, its tenant for ``fair_share`` (an API key, the OpenAI ``user``,
-            a job id). Default: ``record.tenant``, else None (one shared tenant).
+        tenant_fn: ``(record) -> hashable``, its tenant for ``fair_share`` and the per-tenant ``stats`` (an API
+            key, the OpenAI ``user``, a job id). Default: ``record.tenant``, else None (one shared tenant).
         default_cost: the cost of a record with no other estimate.
         latency_samples: how many recent per-record latencies the percentiles in ``stats`` cover.
     """
@@ -215,6 +215,7 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             self._inflight_cost,
             self._budget,
             self._queue.held_by_priority(),
+            self._queue.queued_by_tenant(),
         )
 
     async def submit(self, record: RecordT, *, estimated_cost: int | None = None) -> asyncio.Future[ResultT]:

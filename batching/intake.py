@@ -63,9 +63,8 @@ class RecordIntake(RecordScheduler):
         return int(priority)  # an IntEnum, a NumPy integer: a plain int
 
     def _tenant_of(self, record: Any) -> Hashable:
-        """``tenant_fn(record)``, else ``record.tenant``, else None (one shared tenant); read for fair share only."""
-        if not self._fair:
-            return None
+        """``tenant_fn(record)``, else ``record.tenant``, else None (one shared tenant): what fair share shares
+        between, and what ``stats`` counts tokens by."""
         if self._tenant_fn is not None:
             tenant, source = self._tenant_fn(record), "tenant_fn"
         else:

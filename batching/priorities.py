@@ -60,6 +60,7 @@ class TicketQueue:
         self._left_at: dict[int, float] = {}  # priority -> when its last record left (its level emptied)
         self._len = 0
         self._seq = 0
+        self._queued_by_tenant: dict[Hashable, int] = {}  # tenants with records queued (any priority)
 
     def __len__(self) -> int:
         return self._len
@@ -85,6 +86,7 @@ class TicketQueue:
         level.queue[ticket] = None
         level.queued_cost += ticket.cost
         self._len += 1
+        self._queued_by_tenant[ticket.tenant] = self._queued_by_tenant.get(ticket.tenant, 0) + 1
         if self._fair:
             tenant = ticket.tenant
             queue = level.tenants.get(tenant)
@@ -123,6 +125,11 @@ class TicketQueue:
         del level.queue[ticket]
         level.queued_cost -= ticket.cost
         self._len -= 1
+        left = self._queued_by_tenant[ticket.tenant] - 1
+        if left:
+            self._queued_by_tenant[ticket.tenant] = left
+        else:
+            del self._queued_by_tenant[ticket.tenant]
         if self._fair:
             queue = level.tenants[ticket.tenant]
             del queue[ticket]
@@ -205,6 +212,10 @@ class TicketQueue:
                 cost += level.inflight_cost
                 count += level.inflight
         return cost, count
+
+    def queued_by_tenant(self) -> dict[Hashable, int]:
+        """Records queued per tenant, only tenants with any."""
+        return dict(self._queued_by_tenant)
 
     def held_by_priority(self) -> tuple[dict[int, int], dict[int, int]]:
         """Per priority, ascending: (queued + in-flight cost, only priorities with anything queued or in

@@ -6,13 +6,17 @@ The batchers call them once per batch or per record state change, never per outp
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
 from .stats import AdmissionStats, BatchStats, percentile
 
-__all__ = ["AdmissionRecorder", "BatchRecorder", "Recorder"]
+__all__ = ["TENANTS_KEPT", "AdmissionRecorder", "BatchRecorder", "Recorder"]
+
+TENANTS_KEPT = 1_024
+"""Tenants whose admitted cost the statistics keep, the most recently admitted: one per request (a unique
+``user`` on every call) must not grow a long-lived replica's memory without bound."""
 
 
 def percentiles(name: str, values: Iterable[float]) -> dict[str, float]:
@@ -167,15 +171,21 @@ class AdmissionRecorder(Recorder):
         self.submitted = 0
         self.admitted = 0
         self.admitted_cost = 0
+        self.admitted_by_tenant: OrderedDict[Any, int] = OrderedDict()  # most recently admitted last
         self.first_outputs: deque[float] = deque(maxlen=latency_samples)
         self._occupancy = _Level()
         self._in_flight = _Level()
 
-    def admit(self, cost: int, waited: float, occupancy: float, in_flight: int) -> None:
-        """Count a record admitted after ``waited`` seconds; then ``occupancy`` (in-flight cost / budget)
-        and ``in_flight`` records."""
+    def admit(self, cost: int, waited: float, occupancy: float, in_flight: int, tenant: Any = None) -> None:
+        """Count a record of ``tenant`` admitted after ``waited`` seconds; then ``occupancy`` (in-flight cost /
+        budget) and ``in_flight`` records."""
         self.admitted += 1
         self.admitted_cost += cost
+        by_tenant = self.admitted_by_tenant
+        by_tenant[tenant] = by_tenant.get(tenant, 0) + cost
+        by_tenant.move_to_end(tenant)
+        if len(by_tenant) > TENANTS_KEPT:
+            by_tenant.popitem(last=False)
         self.queue_waits.append(waited)
         now = time.monotonic()
         self._enter(now)
@@ -209,9 +219,11 @@ class AdmissionRecorder(Recorder):
         in_flight_cost: int,
         budget: int,
         by_priority: tuple[dict[int, int], dict[int, int]] = ({}, {}),
+        queued_by_tenant: dict[Any, int] | None = None,
     ) -> AdmissionStats:
         """An :class:`AdmissionStats` from the counters and the batcher's queue and flight now;
-        ``by_priority``: (queued + in-flight cost, in-flight cost) per priority."""
+        ``by_priority``: (queued + in-flight cost, in-flight cost) per priority; ``queued_by_tenant``: records
+        queued per tenant."""
         now = time.monotonic()
         busy, elapsed = self._times(now)
         occupancy_area = self._occupancy.area_to(now, self.running)
@@ -233,4 +245,6 @@ class AdmissionRecorder(Recorder):
             **percentiles("first_output", self.first_outputs),
             tokens_by_priority=dict(by_priority[0]),
             in_flight_by_priority=dict(by_priority[1]),
+            admitted_cost_by_tenant=dict(self.admitted_by_tenant),
+            queued_by_tenant=dict(queued_by_tenant or {}),
         )

@@ -156,7 +156,8 @@ class RecordScheduler(BaseBatcher):
         ticket.started_at = now = self._clock()
         self._running.add(ticket)
         self._inflight_cost += ticket.cost
-        self._stats.admit(ticket.cost, now - ticket.enqueued_at, self._inflight_cost / self._budget, len(self._running))
+        occupancy = self._inflight_cost / self._budget
+        self._stats.admit(ticket.cost, now - ticket.enqueued_at, occupancy, len(self._running), ticket.tenant)
         ticket.task = self._loop.create_task(self._run(ticket))
 
     def _release(self, ticket: Ticket) -> None:

@@ -36,7 +36,7 @@ class _Snapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain ``dict`` of every field plus ``utilization``, for JSON and metrics export. Per-priority
-        fields become dicts with string keys (``{"0": 120}``), as JSON writes them: the dict is the same
+        and per-tenant fields become dicts with string keys (``{"0": 120}``), as JSON writes them: the dict is the same
         after a JSON round trip."""
         data = asdict(self)  # type: ignore[call-overload]
         for name, value in data.items():
@@ -113,6 +113,11 @@ class AdmissionStats(_Snapshot):
     each priority with anything queued or in flight (a router's view of the load by class of work);
     ``in_flight_by_priority`` the in-flight cost of each priority with a record in flight. Both are empty
     when idle; ``to_dict()`` writes their keys as strings.
+
+    Per tenant (``tenant_fn`` or ``record.tenant``; None is the shared tenant): ``admitted_cost_by_tenant``
+    the cost admitted so far for each tenant (what fair share evens out; the 1,024 most recently admitted),
+    ``queued_by_tenant`` the records each tenant has queued now (only tenants with any). ``to_dict()``
+    writes their keys as ``str(tenant)``.
     """
 
     total_submitted: int = 0
@@ -142,3 +147,5 @@ class AdmissionStats(_Snapshot):
     first_output_p99_s: float = 0.0
     tokens_by_priority: dict[int, int] = field(default_factory=dict)
     in_flight_by_priority: dict[int, int] = field(default_factory=dict)
+    admitted_cost_by_tenant: dict[Any, int] = field(default_factory=dict)
+    queued_by_tenant: dict[Any, int] = field(default_factory=dict)

@@ -861,6 +861,8 @@ ADMISSION_FIELDS = [
     "first_output_p99_s",
     "tokens_by_priority",
     "in_flight_by_priority",
+    "admitted_cost_by_tenant",
+    "queued_by_tenant",
 ]
 
 

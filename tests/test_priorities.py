@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batching import BatcherStoppedError, ContinuousBatcher, DynamicBatcher, QueueFullError, RecordStream
+from batching.recorders import TENANTS_KEPT
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -471,6 +472,10 @@ async def run_workload(w: dict[str, Any]) -> None:
             violations.append(f"tokens_by_priority {stats.tokens_by_priority}")
         if sum(stats.in_flight_by_priority.values()) != stats.in_flight_cost:
             violations.append(f"in_flight_by_priority {stats.in_flight_by_priority}")
+        if sum(stats.queued_by_tenant.values()) != stats.queue_depth or 0 in stats.queued_by_tenant.values():
+            violations.append(f"queued_by_tenant {stats.queued_by_tenant} of {stats.queue_depth} queued")
+        if sum(stats.admitted_cost_by_tenant.values()) != stats.total_admitted_cost:
+            violations.append(f"admitted_cost_by_tenant {stats.admitted_cost_by_tenant}")
 
     async def process(i: int) -> str:
         enter(i)
@@ -574,8 +579,12 @@ async def run_workload(w: dict[str, Any]) -> None:
                 assert [i for i in entered if i in group] == [i for i in group if i in set(entered)]
     stats = batcher.stats
     assert stats.total_submitted == len(specs) == stats.total_completed + stats.total_cancelled
-    assert stats.tokens_by_priority == stats.in_flight_by_priority == {}
+    assert stats.tokens_by_priority == stats.in_flight_by_priority == stats.queued_by_tenant == {}
     assert stats.queue_depth == stats.in_flight == stats.queued_cost == stats.in_flight_cost == 0
+    for tenant in {s["tenant"] for s in specs}:  # admitted: every record that ran, and some withdrawn before it did
+        ran = sum(specs[i]["cost"] for i in entered if specs[i]["tenant"] == tenant)
+        could = sum(s["cost"] for s in specs if s["tenant"] == tenant)
+        assert ran <= stats.admitted_cost_by_tenant.get(tenant, 0) <= could
 
 
 @settings(SETTINGS, max_examples=300)
@@ -587,28 +596,32 @@ def test_random_workloads_with_priorities_and_tenants_keep_every_rule(w):
 # Statistics -------------------------------------------------------------------------------------------------
 
 
-def test_stats_carry_the_cost_held_by_each_priority():
+def test_stats_carry_the_cost_held_by_each_priority_and_admitted_for_each_tenant():
     async def main(loop: ClockLoop) -> None:
         engine = Engine()
         async with ContinuousBatcher(engine.generate, max_inflight_cost=10) as batcher:
             futures = [
-                batcher.submit_nowait(Job("a", 6, priority=2, hold=True)),
-                batcher.submit_nowait(Job("b", 3, priority=0, hold=True)),
-                batcher.submit_nowait(Job("c", 5, priority=0, hold=True)),  # queued: 9 + 5 > 10
-                batcher.submit_nowait(Job("d", 7, priority=-1, hold=True)),  # the head: queued
+                batcher.submit_nowait(Job("a", 6, priority=2, hold=True, tenant="x")),
+                batcher.submit_nowait(Job("b", 3, priority=0, hold=True, tenant="y")),
+                batcher.submit_nowait(Job("c", 5, priority=0, hold=True, tenant="x")),  # queued: 9 + 5 > 10
+                batcher.submit_nowait(Job("d", 7, priority=-1, hold=True)),  # the head: queued (shared tenant)
             ]
             await until(lambda: len(engine.running) == 2)
             stats = batcher.stats
             assert stats.tokens_by_priority == {-1: 7, 0: 8, 2: 6}
             assert list(stats.tokens_by_priority) == [-1, 0, 2]  # ascending
             assert stats.in_flight_by_priority == {0: 3, 2: 6}
+            assert stats.admitted_cost_by_tenant == {"x": 6, "y": 3} and stats.queued_by_tenant == {"x": 1, None: 1}
             exported = stats.to_dict()
             assert exported["tokens_by_priority"] == {"-1": 7, "0": 8, "2": 6}  # string keys, as JSON has them
             assert exported["in_flight_by_priority"] == {"0": 3, "2": 6}
+            assert exported["queued_by_tenant"] == {"x": 1, "None": 1}
             assert json.loads(json.dumps(exported)) == exported
             engine.release("a", "b", "c", "d")
             await asyncio.gather(*futures)
-        assert batcher.stats.tokens_by_priority == {} and batcher.stats.in_flight_by_priority == {}
+        stats = batcher.stats
+        assert stats.tokens_by_priority == stats.in_flight_by_priority == stats.queued_by_tenant == {}
+        assert stats.admitted_cost_by_tenant == {"x": 11, "y": 3, None: 7}
 
     run(main)
 
@@ -647,12 +660,14 @@ def test_priority_and_tenant_come_from_the_record_or_the_functions_and_are_check
                 batcher.submit_batch_nowait([Tagged(0), Tagged(None)])
             assert batcher.stats.total_submitted == 2
         async with ContinuousBatcher(echo, priority_fn=lambda r: r["p"], tenant_fn=lambda r: r["t"]) as batcher:
-            assert await batcher.submit_nowait({"p": 3, "t": {"unhashable"}}) == {"p": 3, "t": {"unhashable"}}
+            assert await batcher.submit_nowait({"p": 3, "t": "key-2"}) == {"p": 3, "t": "key-2"}
             with pytest.raises(TypeError, match="priority_fn must be an int"):
                 batcher.submit_nowait({"p": "3", "t": None})
-        async with ContinuousBatcher(echo, tenant_fn=lambda r: [r], fair_share=True) as batcher:
-            with pytest.raises(TypeError, match="tenant_fn must be hashable"):
-                batcher.submit_nowait(1)
+            assert batcher.stats.admitted_cost_by_tenant == {"key-2": 1}  # counted by tenant without fair share too
+        for fair in (True, False):  # the tenant is read either way: stats count by it
+            async with ContinuousBatcher(echo, tenant_fn=lambda r: [r], fair_share=fair) as batcher:
+                with pytest.raises(TypeError, match="tenant_fn must be hashable"):
+                    batcher.submit_nowait(1)
 
     run(main)
 
@@ -824,5 +839,23 @@ def test_stop_with_timeout_withdraws_queued_records_of_every_priority_without_st
         stats = batcher.stats
         assert stats.total_admitted == 1  # not even admitted (and cancelled) while the rest were withdrawn
         assert stats.tokens_by_priority == {} and stats.queue_depth == stats.in_flight == 0
+
+    run(main)
+
+
+def test_the_admitted_cost_by_tenant_keeps_the_most_recent_tenants_only():
+    """A unique tenant on every request (an OpenAI ``user`` per call) must not grow the statistics without bound."""
+
+    async def main(loop: ClockLoop) -> None:
+        async def echo(record: Any) -> Any:
+            return record
+
+        async with ContinuousBatcher(echo, max_queue_size=2 * TENANTS_KEPT) as batcher:
+            tagged = [Tagged(0, f"user-{i}") for i in range(TENANTS_KEPT + 5)]
+            await asyncio.gather(*batcher.submit_batch_nowait(tagged))
+            await batcher.submit_nowait(Tagged(0, "user-6"))  # admitted again: the most recent now
+            kept = batcher.stats.admitted_cost_by_tenant
+        assert len(kept) == TENANTS_KEPT and "user-4" not in kept and "user-5" in kept and list(kept)[-1] == "user-6"
+        assert kept["user-6"] == 2 and kept[f"user-{TENANTS_KEPT + 4}"] == 1
 
     run(main)
