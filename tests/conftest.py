@@ -86,6 +86,36 @@ async def per_replica_stats(handle: Any, replicas: int, timeout: float = 30) -> 
     return seen
 
 
+def result_of_private_cluster(args: list[str], timeout: float) -> dict[str, Any]:
+    """Run ``python *args`` (a script that starts its own local Ray cluster, as this process belongs to the
+    session's) with a private Ray temp dir, stop it and its cluster, and return the JSON of its last
+    ``RESULT {...}`` line (failing with the end of its output when there is none)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from benchmarks.procs import stop
+
+    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # a private cluster: its own temp dir, found and cleaned
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        stop(proc, ray_tmp)
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    assert lines, output[-5000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface."""
     with socket.socket() as sock:

@@ -4,20 +4,13 @@ local multi-node Ray cluster (``ray.cluster_utils.Cluster``) in a subprocess of 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-
 import pytest
 from pydantic import ValidationError
 
-from benchmarks.procs import stop
 from serve_app.config import AppConfig
 from serve_app.serving.options import deployment_options
 
-from .conftest import free_port
+from .conftest import free_port, result_of_private_cluster
 
 
 def test_tensor_parallel_replicas_get_one_gpu_bundle_per_worker_with_the_replica_in_the_first():
@@ -91,22 +84,7 @@ cluster.shutdown()
 
 @pytest.mark.serve
 def test_replicas_are_placed_by_their_bundles_across_the_nodes_of_a_cluster():
-    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # a private cluster: its own temp dir, found and cleaned
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CLUSTER, str(free_port())],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        stop(proc, ray_tmp)
-    (line,) = [line for line in output.splitlines() if line.startswith("RESULT ")] or [output[-3000:]]
-    result = json.loads(line.removeprefix("RESULT "))
+    result = result_of_private_cluster(["-c", CLUSTER, str(free_port())], timeout=300)
     spread, packed = result["SPREAD"], result["STRICT_PACK"]
     for placed, first in ((spread, {"CPU": 0.75}), (packed, {"CPU": 0.5})):
         assert placed["text"] == "[simulated] hello there"  # the replica serves from its group

@@ -9,12 +9,7 @@ every request is answered once.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import pickle
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from typing import Any
@@ -32,6 +27,8 @@ from ray.serve.request_router import PendingRequest
 
 from serve_app.serving.request_cost import handle_cost, text_tokens
 from serve_app.serving.routing import TokenLoadRouter
+
+from .conftest import result_of_private_cluster
 
 DEPLOYMENT = DeploymentID(name="LLMServer", app_name="llm")
 BUDGET = 10_000.0
@@ -350,25 +347,7 @@ def test_token_router_balances_tokens_held_across_nodes_better_than_serves_route
     48-prompt batches with long outputs among many short chats, streamed and over HTTP) through each router in
     turn. Asserts on what the subprocess prints: every request answered once, the replicas on 4 nodes, and the
     spread of tokens held (max - min over the replicas, sampled while the load runs) smaller with the token router."""
-    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # a private cluster: its own temp dir, found and cleaned
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.routing", "--check"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    from benchmarks.procs import stop
-
-    try:
-        output, _ = proc.communicate(timeout=540)
-    finally:
-        stop(proc, ray_tmp)
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    assert lines, output[-5000:]
-    result = json.loads(lines[-1].removeprefix("RESULT "))
+    result = result_of_private_cluster(["-m", "benchmarks.routing", "--check"], timeout=540)
     for router in ("tokens", "serve"):
         run = result[router]
         assert run["errors"] == [], run["errors"]
