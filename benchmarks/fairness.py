@@ -10,9 +10,12 @@ both keep work waiting). In arrival order (fair share off) each job gets the eng
 keeps queued and their lengths, so the job with the longer answers takes most of the tokens; VTC (fair share on)
 admits next from the tenant served the fewest tokens.
 
-**Measured**: each job's output tokens as its rows come back to the driver (Ray Data streams them), over the window
-when both run (from the small job's first row back to its last): each job's share of the tokens in the window,
-and each share against an equal one (0.5). Also the small job's wall time and the replica's total tok/s.
+**Measured**, two ways: (1) at the replica, what fair share evens out: the tokens (prompt + max_tokens, the
+budget's unit) admitted for each tenant while *both* had rows queued there, from the replica's statistics
+(``admitted_cost_by_tenant``, ``queued_by_tenant``) sampled every ``SAMPLE_S``: an interval counts when both
+tenants had rows queued at its start and its end. (2) At the driver: each job's output tokens as its rows come
+back (Ray Data streams them), over the window from the small job's first row back to its last, which also holds
+its ramp-up and its tail. Each share against an equal one (0.5); the small job's wall time; the replica's tok/s.
 
     python -m benchmarks.fairness [--quick]   # benchmarks/results/fairness[-quick].{md,json}
 """
@@ -20,6 +23,7 @@ and each share against an equal one (0.5). Also the small job's wall time and th
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -34,6 +38,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 BIG_ROWS, BIG_TOKENS, BIG_CONCURRENCY = 2_000, 64, 16
 SMALL_ROWS, SMALL_TOKENS, SMALL_CONCURRENCY = 200, 32, 16
 SMALL_START_S = 30.0
+SAMPLE_S = 0.2
 PEERS = {"fair share off (arrival order)": False, "fair share on (VTC)": True}
 APP: dict[str, Any] = {
     "engine": "simulated",
@@ -65,6 +70,29 @@ def run_job(name: str, rows: int, tokens: int, concurrency: int, log: list[tuple
         log.append((time.monotonic(), name, int(batch["output_tokens"].sum())))
 
 
+def sample(stop: threading.Event, samples: list[tuple[dict[str, int], dict[str, int]]]) -> None:
+    """Every ``SAMPLE_S``, the replica's (admitted cost by tenant, records queued by tenant)."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle("LLMServer", app_name="fair")
+    while not stop.wait(SAMPLE_S):
+        batcher = handle.stats.remote().result(timeout_s=30)["batcher"]
+        samples.append((batcher["admitted_cost_by_tenant"], batcher["queued_by_tenant"]))
+
+
+def replica_shares(samples: list[tuple[dict[str, int], dict[str, int]]]) -> tuple[dict[str, float], float]:
+    """Tokens admitted per job over the sampling intervals when both jobs had rows queued at the replica at
+    both ends, and how many such intervals' seconds there were."""
+    admitted = {"big": 0.0, "small": 0.0}
+    intervals = 0
+    for (before, queued_before), (after, queued_after) in itertools.pairwise(samples):
+        if all(queued_before.get(job) and queued_after.get(job) for job in admitted):
+            intervals += 1
+            for job in admitted:
+                admitted[job] += after.get(job, 0) - before.get(job, 0)
+    return admitted, intervals * SAMPLE_S
+
+
 def measure(fair: bool, big_rows: int, small_start_s: float) -> dict[str, Any]:
     """Deploy the app with ``fair_share: fair``, run the two jobs, and the shares while both ran."""
     from ray import serve
@@ -73,6 +101,10 @@ def measure(fair: bool, big_rows: int, small_start_s: float) -> dict[str, Any]:
 
     serve.run(build_app({**APP, "batcher": {"fair_share": fair}}), name="fair", route_prefix="/fair")
     log: list[tuple[float, str, int]] = []
+    samples: list[tuple[dict[str, int], dict[str, int]]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample, args=(stop, samples))
+    sampler.start()
     started = time.monotonic()
     big = threading.Thread(target=run_job, args=("big", big_rows, BIG_TOKENS, BIG_CONCURRENCY, log))
     big.start()
@@ -81,7 +113,11 @@ def measure(fair: bool, big_rows: int, small_start_s: float) -> dict[str, Any]:
     run_job("small", SMALL_ROWS, SMALL_TOKENS, SMALL_CONCURRENCY, log)
     small_wall = time.monotonic() - small_started
     big.join()
+    stop.set()
+    sampler.join()
     serve.delete("fair")
+    at_replica, both_queued_s = replica_shares(samples)
+    replica_total = sum(at_replica.values()) or 1.0
     small_times = [t for t, job, _ in log if job == "small"]
     window = (small_started, max(small_times))
     inside = {job: sum(n for t, j, n in log if j == job and window[0] <= t <= window[1]) for job in ("big", "small")}
@@ -89,6 +125,9 @@ def measure(fair: bool, big_rows: int, small_start_s: float) -> dict[str, Any]:
     big_done = max(t for t, job, _ in log if job == "big")
     return {
         "fair_share": fair,
+        "both_queued_s": both_queued_s,
+        "replica_small_share": at_replica["small"] / replica_total,
+        "replica_small_vs_equal": at_replica["small"] / replica_total / 0.5,
         "window_s": window[1] - window[0],
         "big_share": inside["big"] / total,
         "small_share": inside["small"] / total,
@@ -102,10 +141,12 @@ def measure(fair: bool, big_rows: int, small_start_s: float) -> dict[str, Any]:
 
 COLUMNS = [
     ("peer", "peer", ""),
-    ("window_s", "both running (s)", ".1f"),
-    ("big_share", "big job's token share", ".2f"),
-    ("small_share", "small job's token share", ".2f"),
-    ("small_vs_equal", "small x equal share", ".2f"),
+    ("both_queued_s", "both queued at the replica (s)", ".1f"),
+    ("replica_small_share", "small job's share admitted then", ".2f"),
+    ("replica_small_vs_equal", "x equal share", ".2f"),
+    ("window_s", "both running at the driver (s)", ".1f"),
+    ("small_share", "small job's output share at the driver", ".2f"),
+    ("small_vs_equal", "x equal share", ".2f"),
     ("small_wall_s", "small job wall (s)", ".1f"),
     ("window_tok_s", "tok/s while both ran", ".0f"),
     ("total_tok_s", "tok/s over the run", ".0f"),
@@ -120,9 +161,11 @@ def markdown(rows: list[dict[str, Any]], big_rows: int, small_start_s: float, mi
             f"One replica of the SIMULATED engine (10 ms + 0.1 ms a sequence per decode step, 32 sequences). A big "
             f"Ray Data job ({big_rows} prompts x {BIG_TOKENS} tokens, {BIG_CONCURRENCY} requests of 8 rows in "
             f"flight) and, {small_start_s:.0f} s later, a small one ({SMALL_ROWS} prompts x {SMALL_TOKENS} tokens, "
-            f"{SMALL_CONCURRENCY} requests in flight), each its own tenant. Shares: each job's output tokens "
-            "returned while both ran (the small job's first row back to its last) over all returned then; an equal "
-            "share is 0.50. `python -m benchmarks.fairness`.",
+            f"{SMALL_CONCURRENCY} requests in flight), each its own tenant. At the replica: each job's tokens "
+            "(prompt + max_tokens) admitted while both had rows queued there (the replica's statistics sampled every "
+            f"{SAMPLE_S} s). At the driver: each job's output tokens returned from the small job's first row back "
+            "to its last (ramp-up and tail included) over all returned then. An equal share is 0.50. "
+            "`python -m benchmarks.fairness`.",
             "",
             table(rows, COLUMNS),
             "",

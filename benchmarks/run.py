@@ -5,7 +5,8 @@ Each benchmark's section goes to ``benchmarks/results/<name>.md`` and all of the
 written. The README's performance summary and ``docs/performance.md`` are edited by hand, and notes on runs made
 outside this script (paired rounds, experiments) go to ``benchmarks/results/*-history.md``, which no run overwrites.
 
-    python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e autoscale embeddings]
+    python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e autoscale embeddings
+                                        routing fairness tenancy]
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -412,7 +414,17 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
     )
 
 
-BENCHES = {
+def own_process(name: str) -> Callable[[bool], None]:
+    """A benchmark that starts its own Ray cluster (or several) and writes its own ``results/<name>.md``: run
+    ``python -m benchmarks.<name>`` in a process of its own."""
+
+    def run(quick: bool) -> None:
+        subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *(["--quick"] if quick else [])], check=True)
+
+    return run
+
+
+BENCHES: dict[str, Callable[[bool], str | None]] = {
     "overhead": overhead,
     "padding": padding,
     "simulated": simulated,
@@ -420,6 +432,9 @@ BENCHES = {
     "e2e": e2e,
     "autoscale": autoscale,
     "embeddings": embeddings,
+    "routing": own_process("routing"),
+    "fairness": own_process("fairness"),
+    "tenancy": own_process("tenancy"),
 }
 
 
@@ -434,10 +449,11 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         print(f"== {name}", flush=True)
         section = BENCHES[name](args.quick)
-        minutes = (time.time() - started) / 60
-        stamp = f"\n_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._\n"
-        (RESULTS / f"{name}{suffix}.md").write_text(section + stamp)
-        print(section, flush=True)
+        if section is not None:  # else it wrote its own, stamped
+            minutes = (time.time() - started) / 60
+            stamp = f"\n_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._\n"
+            (RESULTS / f"{name}{suffix}.md").write_text(section + stamp)
+        print((RESULTS / f"{name}{suffix}.md").read_text(), flush=True)
     # RESULTS.md gathers the latest run of every section (so one section can be rerun on its own).
     header = (
         f"# Benchmark results\n\n`python -m benchmarks.run{' --quick' if args.quick else ''}` on "
