@@ -52,13 +52,18 @@ async def first_done(batch: Any, single: Any) -> str:
     return "single" if single_task in done and batch_task not in done else "batch"
 
 
-async def http_race(url: str, app: str, batch_body: dict, route: str, single_body: dict) -> str:
+async def http_race(
+    url: str, app: str, batch_body: dict, route: str, single_body: dict, keys: tuple[str, str] | None = None
+) -> str:
+    """Which answers first: a batch queued first, or a single request sent after it (``keys``: their API keys)."""
+    batch_key, single_key = [{"Authorization": f"Bearer {key}"} for key in keys] if keys else ({}, {})
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        batch = asyncio.ensure_future(client.post(f"/{app}/generate", json={"prompts": BATCH, **batch_body}))
+        batch_body = {"prompts": BATCH, **batch_body}
+        batch = asyncio.ensure_future(client.post(f"/{app}/generate", json=batch_body, headers=batch_key))
         await queued(client, app)
 
         async def single() -> None:
-            response = await client.post(f"/{app}{route}", json=single_body)
+            response = await client.post(f"/{app}{route}", json=single_body, headers=single_key)
             assert response.status_code == 200, response.text
 
         winner = await first_done(batch, single())
@@ -91,6 +96,20 @@ async def test_http_user_is_the_tenant_fair_share_admits(served):
     assert await http_race(url, "fair", {"user": "alice"}, "/v1/chat/completions", chat) == "single"
     # control: the same user for both, so one tenant, FIFO
     assert await http_race(url, "fair", {"user": "bob"}, "/v1/chat/completions", chat) == "batch"
+
+
+async def test_http_api_key_is_the_tenant_of_a_request_without_user(served):
+    url, _, _ = served
+    keys = ("sk-batch-owner", "sk-chat-owner")
+    assert await http_race(url, "fair", {}, "/v1/chat/completions", CHAT, keys) == "single"
+    assert await http_race(url, "fair", {}, "/v1/completions", COMPLETION, ("sk-same", "sk-same")) == "batch"
+    # a user named in the body wins over the key: one user, one tenant, FIFO
+    same_user = {**COMPLETION, "user": "carol"}
+    assert await http_race(url, "fair", {"user": "carol"}, "/v1/completions", same_user, keys) == "batch"
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        tenants = (await client.get("/fair/stats")).json()["batcher"]["admitted_cost_by_tenant"]
+    assert "carol" in tenants and len([t for t in tenants if t.startswith("key-")]) == 3
+    assert not any("sk-" in t for t in tenants)  # the keys themselves are never shown
 
 
 async def handle_race(url: str, app: str, handle: Any, batch_kwargs: dict, single_kwargs: dict) -> str:

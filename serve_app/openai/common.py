@@ -3,13 +3,15 @@ fields both OpenAI generation endpoints have, token usage, and Server-Sent Event
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any
 
+from fastapi import Depends, Header
 from openai.types import CompletionUsage
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from ..engines import GenerationResult
 
@@ -102,16 +104,35 @@ class Origin(BaseModel):
     tenant: Text | None = Field(None, max_length=256)
 
 
+def api_key_tenant(authorization: str | None = Header(None)) -> str | None:
+    """The tenant of an HTTP request's API key (``Authorization: Bearer <key>``): ``key-`` and 16 hex digits of the
+    key's SHA-256, so the key itself never reaches the statistics or the logs; None without a key."""
+    scheme, _, key = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    return "key-" + hashlib.sha256(key.strip().encode()).hexdigest()[:16]
+
+
+KeyTenant = Annotated[str | None, Depends(api_key_tenant)]
+"""An HTTP route's parameter: the request's API key as a tenant (:func:`api_key_tenant`)."""
+
+
 class OriginFields(BaseModel):
-    """The body fields that say who a request comes from: OpenAI's ``user`` (its tenant) and vLLM's ``priority``."""
+    """The body fields that say who a request comes from: OpenAI's ``user`` (its tenant) and vLLM's ``priority``;
+    over HTTP, a request without ``user`` counts against its API key (:meth:`sent_with`)."""
 
     user: Text | None = Field(None, max_length=256)
     priority: Priority = 0
+    _key_tenant: str | None = PrivateAttr(None)
+
+    def sent_with(self, key_tenant: str | None) -> None:
+        """The request came with this API key's tenant (:data:`KeyTenant`): its tenant when it names no ``user``."""
+        self._key_tenant = key_tenant
 
     @property
     def origin(self) -> Origin:
-        """Its priority, and its ``user`` as its tenant."""
-        return Origin(priority=self.priority, tenant=self.user)
+        """Its priority, and as its tenant its ``user``, else its API key's tenant."""
+        return Origin(priority=self.priority, tenant=self.user if self.user is not None else self._key_tenant)
 
 
 class StreamOptions(BaseModel):

@@ -35,7 +35,7 @@ from ..core import Generator, parse
 from ..core.generator import succeeded
 from ..engines import GenerationDelta, GenerationRequest, GenerationResult
 from ..openai.chat import ChatCompletionRequest, ChatFormat
-from ..openai.common import OpenAIRequest, Origin, SamplingFields, sse
+from ..openai.common import KeyTenant, OpenAIRequest, Origin, SamplingFields, sse
 from ..openai.completions import CompletionFormat, CompletionRequest
 from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
 from .http import event_stream
@@ -116,8 +116,9 @@ class LLMServer(Replica):
     # -- HTTP API --------------------------------------------------------------------------------------------
 
     @api.post("/generate", response_model=GenerateResponse)
-    async def http_generate(self, body: GenerateRequest) -> GenerateResponse:
+    async def http_generate(self, body: GenerateRequest, key: KeyTenant) -> GenerateResponse:
         """The seeds' endpoint: texts in ``results``, in input order."""
+        body.sent_with(key)
         requests = self.core.requests
         checked = await requests.prompts(body.prompts, requests.check(body), origin=body.origin)
         results = await self.core.complete(checked)
@@ -128,15 +129,17 @@ class LLMServer(Replica):
         )
 
     @api.post("/v1/completions")
-    async def http_completions(self, body: CompletionRequest) -> Response:
+    async def http_completions(self, body: CompletionRequest, key: KeyTenant) -> Response:
         """OpenAI completions; ``"stream": true`` answers with Server-Sent Events."""
+        body.sent_with(key)
         requests = await self.core.requests.completion(body)
         echo = [r.prompt_text for r in requests[:: body.n]] if body.echo else []
         return await self._answer(body, requests, CompletionFormat(self.config.model_name, body.n, echo))
 
     @api.post("/v1/chat/completions")
-    async def http_chat_completions(self, body: ChatCompletionRequest) -> Response:
+    async def http_chat_completions(self, body: ChatCompletionRequest, key: KeyTenant) -> Response:
         """OpenAI chat completions, with the model's chat template; ``"stream": true`` answers with SSE."""
+        body.sent_with(key)
         requests = await self.core.requests.chat_completion(body)
         return await self._answer(body, requests, ChatFormat(self.config.model_name, body.n))
 
