@@ -154,7 +154,8 @@ def app_config(port: int, dest: Path, batcher: dict[str, Any] | None = None) -> 
     return dest
 
 
-def peer_command(peer: str, folder: Path, port: int, workdir: Path) -> list[str]:
+def peer_command(peer: str, folder: Path, port: int, workdir: Path, batcher: dict[str, Any] | None = None) -> list[str]:
+    """The command that starts ``peer`` (``batcher``: knobs for the app's batcher, ``app`` peers only)."""
     if peer == "vllm":
         return [
             sys.executable,
@@ -175,9 +176,9 @@ def peer_command(peer: str, folder: Path, port: int, workdir: Path) -> list[str]
             "--enforce-eager",
         ]
     if peer == "app":
-        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml"))]
+        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher))]
     if peer == "app-slo":
-        knobs = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S}
+        knobs = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S, **(batcher or {})}
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", knobs))]
     if peer == "ray-serve-llm":
         return [sys.executable, "-m", "benchmarks.serving", "--ray-serve-llm", str(port), "--model-dir", str(folder)]
@@ -193,11 +194,17 @@ def is_ready(peer: str, url: str, log: Path) -> bool:
 
 @contextmanager
 def running(
-    peer: str, folder: Path, workdir: Path, startup_timeout_s: float, extra: list[str] | None = None
+    peer: str,
+    folder: Path,
+    workdir: Path,
+    startup_timeout_s: float,
+    extra: list[str] | None = None,
+    batcher: dict[str, Any] | None = None,
 ) -> Iterator[tuple[str, float, str]]:
-    """Start a peer in its own process group (``extra``: more arguments for its command); yield (base url, start-up
-    seconds, its private ``RAY_TMPDIR``, where a Ray client finds a Ray-based peer's cluster); stop it and its
-    leftovers. Raises RuntimeError (with the log's tail) if it exits or is not ready in time."""
+    """Start a peer in its own process group (``extra``: more arguments for its command; ``batcher``: knobs for an
+    app peer's batcher); yield (base url, start-up seconds, its private ``RAY_TMPDIR``, where a Ray client finds a
+    Ray-based peer's cluster); stop it and its leftovers. Raises RuntimeError (with the log's tail) if it exits or
+    is not ready in time."""
     port = free_port()
     log_path = workdir / f"{peer}.log"
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
@@ -208,7 +215,7 @@ def running(
         peer_env["RAY_ADDRESS"] = "local"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [*peer_command(peer, folder, port, workdir), *(extra or [])],
+            [*peer_command(peer, folder, port, workdir, batcher), *(extra or [])],
             cwd=ROOT,
             env=peer_env,
             stdout=log,

@@ -9,6 +9,8 @@ a time):
   app                  ``serve run serve_config.yaml`` (one replica); the job is the Ray Data driver
                        (``python -m serve_app.driver``) at its default priority, after interactive requests
   app-no-priorities    the same app and driver with the job at priority 0: nothing tells the two apart
+  app-small-share      ``app`` with ``batcher.low_priority_share`` ``SMALL_SHARE``: on a CPU every running
+                       sequence lengthens every step, so the job is held to fewer of them while chats are about
   vllm                 vLLM's OpenAI server with ``--scheduling-policy priority``; the job sends every prompt at once
                        to ``/v1/completions`` with ``priority: 1``, the online requests ``priority: 0``
 
@@ -39,7 +41,8 @@ from typing import Any
 from .run import percentile
 from .serving import BIN, MODEL_NAME, ROOT, env, running
 
-PEERS = ("vllm", "app", "app-no-priorities")  # vllm first: its job-alone throughput sets the online rate
+PEERS = ("vllm", "app", "app-no-priorities", "app-small-share")  # vllm first: its job-alone tok/s sets the rate
+SMALL_SHARE = 0.125
 ONLINE_SHARE = 0.3
 ONLINE_TOKENS = 32
 JOB_ROWS, JOB_TOKENS = 1000, 32
@@ -167,7 +170,7 @@ def app_job(ray_tmp: str, path: Path, out: Path, priority: int) -> dict[str, Any
 def run_job(peer: str, url: str, ray_tmp: str, path: Path, workdir: Path) -> dict[str, Any]:
     if peer == "vllm":
         return asyncio.run(vllm_job(url, path, JOB_PRIORITY))
-    priority = JOB_PRIORITY if peer == "app" else 0
+    priority = 0 if peer == "app-no-priorities" else JOB_PRIORITY
     return app_job(ray_tmp, path, workdir / f"out-{time.monotonic_ns()}", priority)
 
 
@@ -177,7 +180,8 @@ def run_job(peer: str, url: str, ray_tmp: str, path: Path, workdir: Path) -> dic
 def start(peer: str, folder: Path, workdir: Path) -> Any:
     if peer == "vllm":
         return running("vllm", folder, workdir, 600, ["--scheduling-policy", "priority"])
-    return running("app", folder, workdir, 900)
+    knobs = {"low_priority_share": SMALL_SHARE} if peer == "app-small-share" else None
+    return running("app", folder, workdir, 900, batcher=knobs)
 
 
 def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float | None, online_s: float) -> dict:
@@ -259,7 +263,8 @@ def markdown(rows: list[dict[str, Any]], job_rows: int, online_s: float, minutes
             f"Online: streamed chats ({ONLINE_TOKENS} tokens, priority 0) in Poisson arrivals at "
             f"{ONLINE_SHARE:.0%} of the first peer's job-alone output tok/s, {online_s:.0f} s alone, then the same "
             f"arrivals while the job runs. The job: {job_rows} prompts x {JOB_TOKENS} tokens; `app`: the Ray Data "
-            "driver at its default priority (1); `app-no-priorities`: the same driver at priority 0; `vllm`: "
+            "driver at its default priority (1); `app-no-priorities`: the same driver at priority 0; "
+            f"`app-small-share`: `app` with `low_priority_share: {SMALL_SHARE}`; `vllm`: "
             "vLLM's server with `--scheduling-policy priority`, every job prompt sent at once at priority 1. "
             "`job x what is left`: the job's tok/s beside the online load over (its tok/s alone - the online "
             "load's tok/s alone). `python -m benchmarks.tenancy`.",
@@ -279,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=JOB_ROWS)
     parser.add_argument("--online-s", type=float, default=120.0, help="the online load alone runs this long")
     parser.add_argument("--quick", action="store_true", help="300 rows, 60 s online alone")
+    parser.add_argument("--rate", type=float, help="online requests/s (default: from the first peer's job alone)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if args.quick:
@@ -287,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.monotonic()
     folder = prepare()
-    rows, rate = [], None
+    rows, rate = [], args.rate
     with tempfile.TemporaryDirectory(prefix="tenancy-") as tmp:
         workdir = Path(tmp)
         path = job_rows(args.rows, workdir / "job.jsonl")
