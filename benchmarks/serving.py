@@ -89,6 +89,13 @@ METRICS = (
 )
 
 
+def threads_env() -> dict[str, str]:
+    """``ENGINE_THREADS`` from this process's environment, for Ray Serve LLM's engines (where the app takes
+    ``vllm.cpu_threads``): empty when unset."""
+    threads = os.environ.get("ENGINE_THREADS")
+    return {"OMP_NUM_THREADS": threads} if threads else {}
+
+
 def env() -> dict[str, str]:
     """The environment of every peer and client: no hub, the same KV cache, no usage reporting."""
     out = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -137,8 +144,11 @@ def last_error(text: str) -> str:
 # --- the peers ------------------------------------------------------------------------------------------------
 
 
-def app_config(port: int, dest: Path, batcher: dict[str, Any] | None = None) -> Path:
-    """serve_config.yaml with only the HTTP port moved, one replica, the shared dtype (and ``batcher`` knobs)."""
+def app_config(
+    port: int, dest: Path, batcher: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None
+) -> Path:
+    """serve_config.yaml with only the HTTP port moved, one replica, the shared dtype (and ``batcher`` knobs;
+    ``fleet``: more of the app's args, each section merged over its own: e.g. replicas, router, threads)."""
     import yaml
 
     text = re.sub(r"port: 8000", f"port: {port}", (ROOT / "serve_config.yaml").read_text(), count=1)
@@ -150,12 +160,21 @@ def app_config(port: int, dest: Path, batcher: dict[str, Any] | None = None) -> 
         args["vllm"] = {**(args.get("vllm") or {}), "dtype": DTYPE}
     if batcher:
         args["batcher"] = {**(args.get("batcher") or {}), **batcher}
+    for key, value in (fleet or {}).items():
+        args[key] = {**(args.get(key) or {}), **value} if isinstance(value, dict) else value
     dest.write_text(yaml.safe_dump(config, sort_keys=False))
     return dest
 
 
-def peer_command(peer: str, folder: Path, port: int, workdir: Path, batcher: dict[str, Any] | None = None) -> list[str]:
-    """The command that starts ``peer`` (``batcher``: knobs for the app's batcher, ``app`` peers only)."""
+def peer_command(
+    peer: str,
+    folder: Path,
+    port: int,
+    workdir: Path,
+    batcher: dict[str, Any] | None = None,
+    fleet: dict[str, Any] | None = None,
+) -> list[str]:
+    """The command that starts ``peer`` (``batcher``, ``fleet``: :func:`app_config`'s, ``app`` peers only)."""
     if peer == "vllm":
         return [
             sys.executable,
@@ -176,7 +195,7 @@ def peer_command(peer: str, folder: Path, port: int, workdir: Path, batcher: dic
             "--enforce-eager",
         ]
     if peer == "app":
-        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher))]
+        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, fleet))]
     if peer == "app-slo":
         knobs = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S, **(batcher or {})}
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", knobs))]
@@ -200,11 +219,13 @@ def running(
     startup_timeout_s: float,
     extra: list[str] | None = None,
     batcher: dict[str, Any] | None = None,
+    fleet: dict[str, Any] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, float, str]]:
-    """Start a peer in its own process group (``extra``: more arguments for its command; ``batcher``: knobs for an
-    app peer's batcher); yield (base url, start-up seconds, its private ``RAY_TMPDIR``, where a Ray client finds a
-    Ray-based peer's cluster); stop it and its leftovers. Raises RuntimeError (with the log's tail) if it exits or
-    is not ready in time."""
+    """Start a peer in its own process group (``extra``: more arguments for its command; ``batcher``, ``fleet``:
+    :func:`app_config`'s for an app peer; ``extra_env``: more environment); yield (base url, start-up seconds,
+    its private ``RAY_TMPDIR``, where a Ray client finds a Ray-based peer's cluster); stop it and its leftovers.
+    Raises RuntimeError (with the log's tail) if it exits or is not ready in time."""
     port = free_port()
     log_path = workdir / f"{peer}.log"
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
@@ -213,9 +234,10 @@ def running(
         peer_env.update(serve_env())
     if peer.startswith("app"):
         peer_env["RAY_ADDRESS"] = "local"
+    peer_env.update(extra_env or {})
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [*peer_command(peer, folder, port, workdir, batcher), *(extra or [])],
+            [*peer_command(peer, folder, port, workdir, batcher, fleet), *(extra or [])],
             cwd=ROOT,
             env=peer_env,
             stdout=log,
@@ -236,8 +258,9 @@ def running(
         stop(proc, ray_tmp)
 
 
-def serve_ray_llm(port: int, folder: str) -> None:
-    """Ray Serve LLM's OpenAI app on CPU, in this process's own Ray cluster, until SIGINT."""
+def serve_ray_llm(port: int, folder: str, replicas: int = 1, router: str | None = None) -> None:
+    """Ray Serve LLM's OpenAI app on CPU, in this process's own Ray cluster, until SIGINT (``replicas`` engines;
+    ``router``: a request router class's import path, else Serve's default)."""
     import ray
     from ray import serve
     from ray.serve.llm import LLMConfig, build_openai_app
@@ -246,8 +269,11 @@ def serve_ray_llm(port: int, folder: str) -> None:
         model_loading_config={"model_id": MODEL_NAME, "model_source": folder},
         accelerator_config={"kind": "cpu"},
         engine_kwargs={"dtype": DTYPE, "max_model_len": MAX_MODEL_LEN, "enforce_eager": True},
-        deployment_config={"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
-        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}},
+        deployment_config={
+            "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas},
+            **({"request_router_config": {"request_router_class": router}} if router else {}),
+        },
+        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", **threads_env()}},
     )
     # Its ingress and LLM replicas each want logical CPUs; they are only bookkeeping on this 2-core machine.
     ray.init(address="local", num_cpus=8, include_dashboard=False)
@@ -534,13 +560,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client", help=argparse.SUPPRESS)  # JSON list: client argv + result path
     parser.add_argument("--ray-serve-llm", type=int, help=argparse.SUPPRESS)  # the port
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)  # Ray Serve LLM's
+    parser.add_argument("--router", help=argparse.SUPPRESS)  # Ray Serve LLM's request router class
     args = parser.parse_args(argv)
     if args.client:
         *client, result = json.loads(args.client)
         run_client(client, Path(result))
         return 0
     if args.ray_serve_llm:
-        serve_ray_llm(args.ray_serve_llm, args.model_dir)
+        serve_ray_llm(args.ray_serve_llm, args.model_dir, args.replicas, args.router)
         return 0
     print(
         f"TTFT objective for goodput: {args.slo_ttft_ms / 1000:g} s; overload at {OVERLOAD_FACTOR:g}x vllm's burst "

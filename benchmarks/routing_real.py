@@ -1,0 +1,262 @@
+"""Routing part (b): two real vLLM replicas on this 2-core machine, each engine on a core of its own, with the
+same seeded load through each peer's HTTP proxy (whose router is the one under test).
+
+Peers (each started alone, one after the other; every engine runs one compute thread, unbound by vLLM
+(``VLLM_CPU_OMP_THREADS_BIND=nobind``), and once both are up this script pins each engine's processes to a core
+of its own):
+
+  app-tokens            serve_config.yaml's app, 2 replicas, ``routing.router: tokens`` (its default)
+  app-serve             the same app with ``routing.router: serve``: Serve's power of two choices as shipped
+  ray-serve-llm         Ray Serve LLM (``build_openai_app``), 2 replicas, Serve's default router, as shipped
+  ray-serve-llm-prefix  the same with Ray Serve LLM's ``PrefixCacheAffinityRouter``
+
+**Load** (one seeded schedule for all, open loop): streamed ``/v1/completions`` "chats" in Poisson arrivals, each a
+prompt of random words and an output length drawn log-uniformly from ``CHAT_TOKENS`` (most short, a few long);
+beside them ``BATCH_AT`` non-streamed ``/v1/completions`` calls of ``BATCH_PROMPTS`` prompts x ``BATCH_TOKENS``
+tokens (what one ``/generate`` of many prompts, or a Ray Data batch, is to a router: one request). The prompts
+share no prefix, so the prefix-aware router has nothing to match and balances as its fallback does.
+
+**Measured**: output tok/s (every output token / from the first request sent to the last answer), the chats' TTFT
+p50/p99 and E2E p99, the batch calls' mean latency, failures; ratios against ``app-serve``.
+
+    python -m benchmarks.routing_real [--quick] [--peers ...]   # benchmarks/results/routing-real[-quick].{md,json}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from .procs import descendants, processes
+from .run import percentile, table
+from .serving import MODEL_NAME, running
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REPLICAS = 2
+PEERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "app-tokens": ("app", {"routing": {"router": "tokens"}}),
+    "app-serve": ("app", {"routing": {"router": "serve"}}),
+    "ray-serve-llm": ("ray-serve-llm", {}),
+    "ray-serve-llm-prefix": ("ray-serve-llm", {"router": "ray.serve.llm.request_router.PrefixCacheAffinityRouter"}),
+}
+LOAD = {"full": {"load_s": 180.0, "rate": 0.8}, "quick": {"load_s": 60.0, "rate": 0.8}}
+CHAT_TOKENS = (8, 256)
+PROMPT_WORDS = (8, 60)
+BATCH_PROMPTS, BATCH_TOKENS, BATCH_EVERY_S = 16, 64, 30.0
+WORDS = ("river", "stone", "cloud", "paper", "light", "music", "garden", "window", "morning", "silver", "forest")
+
+
+def schedule(load_s: float, rate: float, seed: int = 11) -> list[dict[str, Any]]:
+    """The seeded load: chats in Poisson arrivals and batch calls every ``BATCH_EVERY_S``, by send time."""
+    rng = random.Random(seed)
+
+    def prompt() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(*PROMPT_WORDS)))
+
+    events: list[dict[str, Any]] = []
+    at = rng.expovariate(rate)
+    while at < load_s:
+        tokens = int(math.exp(rng.uniform(math.log(CHAT_TOKENS[0]), math.log(CHAT_TOKENS[1]))))
+        events.append({"at": at, "kind": "chat", "prompt": prompt(), "max_tokens": tokens})
+        at += rng.expovariate(rate)
+    for k in range(int(load_s // BATCH_EVERY_S)):
+        prompts = [prompt() for _ in range(BATCH_PROMPTS)]
+        events.append({"at": 5.0 + k * BATCH_EVERY_S, "kind": "batch", "prompt": prompts, "max_tokens": BATCH_TOKENS})
+    return sorted(events, key=lambda e: e["at"])
+
+
+async def send(session: Any, url: str, event: dict[str, Any], start: float) -> dict[str, Any]:
+    """One request at its time: a chat streams (its TTFT is its first text), a batch call does not."""
+    await asyncio.sleep(max(0.0, start + event["at"] - time.perf_counter()))
+    stream = event["kind"] == "chat"
+    body = {"model": MODEL_NAME, "prompt": event["prompt"], "max_tokens": event["max_tokens"], "temperature": 0.0}
+    body |= {"ignore_eos": True, "stream": stream} | ({"stream_options": {"include_usage": True}} if stream else {})
+    sent = time.perf_counter()
+    out: dict[str, Any] = {"kind": event["kind"], "sent": sent - start, "ok": False, "tokens": 0, "ttft": None}
+    try:
+        async with session.post(f"{url}/v1/completions", json=body) as response:
+            if response.status != 200:
+                out["error"] = f"{response.status}: {(await response.text())[:200]}"
+                return out
+            if not stream:
+                out["tokens"] = (await response.json())["usage"]["completion_tokens"]
+            else:
+                async for raw in response.content:
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line.removeprefix("data: "))
+                    if "error" in chunk:
+                        out["error"] = str(chunk["error"])[:200]
+                        return out
+                    if chunk.get("usage"):
+                        out["tokens"] = chunk["usage"]["completion_tokens"]
+                    if out["ttft"] is None and any(c.get("text") for c in chunk.get("choices", [])):
+                        out["ttft"] = time.perf_counter() - sent
+    except Exception as exc:  # a dropped connection is a failed request, counted as such
+        out["error"] = repr(exc)[:200]
+        return out
+    out |= {"ok": True, "e2e": time.perf_counter() - sent, "done": time.perf_counter() - start}
+    return out
+
+
+async def load(url: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as session:
+        start = time.perf_counter()
+        return list(await asyncio.gather(*(send(session, url, e, start) for e in events)))
+
+
+def engines_started(ray_tmp: str) -> int:
+    """Engine replicas (``LLMServer``, in both the app and Ray Serve LLM) that Serve's controller reports started
+    (its log: "... started successfully ...")."""
+    logs = Path(ray_tmp).glob("ray/session_latest/logs/serve/controller_*.log")
+    lines = (line for p in logs for line in p.read_text(errors="replace").splitlines())
+    return sum("started successfully" in line and "LLMServer" in line for line in lines)
+
+
+def pin_engines(ray_tmp: str) -> list[int]:
+    """Each ``VLLM::EngineCore`` process of the peer, with everything it started, onto a core of its own (every
+    thread: ``sched_setaffinity`` is per thread); their pids."""
+    table_ = processes(ray_tmp)
+    engines = sorted(pid for pid, proc in table_.items() if "VLLM::EngineCore" in proc.title)
+    cores = sorted(os.sched_getaffinity(0))
+    for index, engine in enumerate(engines):
+        for pid in {engine} | descendants(table_, [engine]):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with suppress(OSError):  # a thread that just ended
+                    os.sched_setaffinity(int(tid), {cores[index % len(cores)]})
+    return engines
+
+
+def summarize(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [o for o in outcomes if o["ok"]]
+    chats = [o for o in ok if o["kind"] == "chat"]
+    batches = [o for o in ok if o["kind"] == "batch"]
+    span = max((o["done"] for o in ok), default=math.nan) - min(o["sent"] for o in outcomes)
+    return {
+        "sent": len(outcomes),
+        "failed": len(outcomes) - len(ok),
+        "errors": sorted({o["error"] for o in outcomes if not o["ok"]})[:3],
+        "output_tok_s": sum(o["tokens"] for o in ok) / span,
+        "ttft_p50_s": statistics.median(o["ttft"] for o in chats if o["ttft"] is not None),
+        "ttft_p99_s": percentile([o["ttft"] for o in chats if o["ttft"] is not None], 99),
+        "e2e_p99_s": percentile([o["e2e"] for o in chats], 99),
+        "batch_mean_s": statistics.mean(o["e2e"] for o in batches) if batches else math.nan,
+    }
+
+
+def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, Any]]) -> dict[str, Any]:
+    kind, knobs = PEERS[name]
+    threads = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "ENGINE_THREADS": "1"}
+    if kind == "app":
+        fleet = {"autoscaling": {"min_replicas": REPLICAS, "max_replicas": REPLICAS}, "vllm": {"cpu_threads": 1}}
+        started = running(kind, folder, workdir, 900, fleet={**fleet, **knobs}, extra_env=threads)
+    else:
+        extra = ["--replicas", str(REPLICAS), *(["--router", knobs["router"]] if knobs else [])]
+        started = running(kind, folder, workdir, 900, extra, extra_env=threads)
+    with started as (url, startup_s, ray_tmp):
+        deadline = time.monotonic() + 600
+        while engines_started(ray_tmp) < REPLICAS:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: {engines_started(ray_tmp)} of {REPLICAS} replicas started")
+            time.sleep(2)
+        pinned = pin_engines(ray_tmp)
+        warm = [{"at": 0.0, "kind": "chat", "prompt": "warm up " * 8, "max_tokens": 8} for _ in range(8)]
+        asyncio.run(load(url, warm))
+        row = {
+            "peer": name,
+            "startup_s": startup_s,
+            "engines_pinned": len(pinned),
+            **summarize(asyncio.run(load(url, events))),
+        }
+    return row
+
+
+COLUMNS = [
+    ("peer", "peer", ""),
+    ("output_tok_s", "output tok/s", ".1f"),
+    ("tok_s_x", "x app-serve", ".2f"),
+    ("ttft_p50_s", "chat TTFT p50 (s)", ".2f"),
+    ("ttft_p99_s", "chat TTFT p99 (s)", ".2f"),
+    ("ttft_p99_x", "p99 x app-serve", ".2f"),
+    ("e2e_p99_s", "chat E2E p99 (s)", ".1f"),
+    ("batch_mean_s", "batch call mean (s)", ".1f"),
+    ("failed", "failed", "d"),
+    ("engines_pinned", "engines pinned", "d"),
+]
+
+
+def markdown(rows: list[dict[str, Any]], mode: str, events: list[dict[str, Any]], minutes: float) -> str:
+    base = next((r for r in rows if r["peer"] == "app-serve" and "output_tok_s" in r), None)
+    for r in rows:
+        if base and "output_tok_s" in r:
+            r["tok_s_x"] = r["output_tok_s"] / base["output_tok_s"]
+            r["ttft_p99_x"] = r["ttft_p99_s"] / base["ttft_p99_s"]
+        else:
+            r.setdefault("tok_s_x", math.nan)
+            r.setdefault("ttft_p99_x", math.nan)
+    measured = [r for r in rows if "output_tok_s" in r]
+    chats = sum(e["kind"] == "chat" for e in events)
+    return "\n".join(
+        [
+            f"### Routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)",
+            "",
+            f"{chats} streamed chats ({CHAT_TOKENS[0]}-{CHAT_TOKENS[1]} output tokens, log-uniform) in Poisson "
+            f"arrivals at {LOAD[mode]['rate']}/s over {LOAD[mode]['load_s']:.0f} s, beside a {BATCH_PROMPTS}-prompt "
+            f"x {BATCH_TOKENS}-token batch call every {BATCH_EVERY_S:.0f} s, through each peer's HTTP proxy: the "
+            "same seeded schedule for every peer. Each engine runs one thread, pinned to its own core. "
+            "`python -m benchmarks.routing_real`.",
+            "",
+            table(measured, COLUMNS),
+            "",
+            *(f"{r['peer']}: did not run ({r['error']})." for r in rows if "output_tok_s" not in r),
+            f"_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._",
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="60 s of load a peer")
+    parser.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS))
+    args = parser.parse_args(argv)
+    from serve_app.models import prepare
+
+    began = time.monotonic()
+    mode = "quick" if args.quick else "full"
+    events = schedule(**LOAD[mode])
+    folder = prepare()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
+        for name in args.peers:
+            try:
+                row = measure_peer(name, folder, Path(tmp), events)
+            except Exception as exc:  # a peer that does not deploy is reported as such; the others still run
+                row = {"peer": name, "error": repr(exc)[:300]}
+            print(json.dumps(row, default=str), flush=True)
+            rows.append(row)
+    suffix = "-quick" if args.quick else ""
+    text = markdown(rows, mode, events, (time.monotonic() - began) / 60)
+    (RESULTS / f"routing-real{suffix}.md").write_text(text)
+    (RESULTS / f"routing-real{suffix}.json").write_text(json.dumps(rows, indent=2, default=str))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
