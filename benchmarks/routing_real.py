@@ -19,7 +19,7 @@ share no prefix, so the prefix-aware router has nothing to match and balances as
 **Measured**: output tok/s (every output token / from the first request sent to the last answer), the chats' TTFT
 p50/p99 and E2E p99, the batch calls' mean latency, failures; ratios against ``app-serve``.
 
-    python -m benchmarks.routing_real [--quick] [--peers ...]   # benchmarks/results/routing-real[-quick].{md,json}
+    python -m benchmarks.routing_real [--quick] [--peers ...]   # benchmarks/results/routing_real[-quick].{md,json}
 """
 
 from __future__ import annotations
@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     suffix = "-quick" if args.quick else ""
     text = markdown(rows, mode, events, (time.monotonic() - began) / 60)
-    (RESULTS / f"routing-real{suffix}.md").write_text(text)
-    (RESULTS / f"routing-real{suffix}.json").write_text(json.dumps(rows, indent=2, default=str))
+    (RESULTS / f"routing_real{suffix}.md").write_text(text)
+    (RESULTS / f"routing_real{suffix}.json").write_text(json.dumps(rows, indent=2, default=str))
     print(text)
     return 0
 

@@ -6,7 +6,7 @@ written. The README's performance summary and ``docs/performance.md`` are edited
 outside this script (paired rounds, experiments) go to ``benchmarks/results/*-history.md``, which no run overwrites.
 
     python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e autoscale embeddings
-                                        routing fairness tenancy]
+                                        routing routing_real fairness tenancy]
 """
 
 from __future__ import annotations
@@ -446,6 +446,7 @@ BENCHES: dict[str, Callable[[bool], str | None]] = {
     "autoscale": autoscale,
     "embeddings": embeddings,
     "routing": own_process("routing"),
+    "routing_real": own_process("routing_real"),
     "fairness": own_process("fairness"),
     "tenancy": own_process("tenancy"),
 }
