@@ -11,6 +11,9 @@ a time):
   app-no-priorities    the same app and driver with the job at priority 0: nothing tells the two apart
   app-small-share      ``app`` with ``batcher.low_priority_share`` ``SMALL_SHARE``: on a CPU every running
                        sequence lengthens every step, so the job is held to fewer of them while chats are about
+  app-nice0            ``app`` with ``vllm.cpu_replica_niceness: 0``: the replica's own work (HTTP, tokenizing,
+                       admission) no longer yields to the engine's compute on the same cores
+  app-small-share-nice0  both
   vllm                 vLLM's OpenAI server with ``--scheduling-policy priority``; the job sends every prompt at once
                        to ``/v1/completions`` with ``priority: 1``, the online requests ``priority: 0``
 
@@ -41,12 +44,23 @@ from typing import Any
 from .run import percentile
 from .serving import BIN, MODEL_NAME, ROOT, env, running
 
-PEERS = ("vllm", "app", "app-no-priorities", "app-small-share")  # vllm first: its job-alone tok/s sets the rate
-SMALL_SHARE = 0.125
 ONLINE_SHARE = 0.3
 ONLINE_TOKENS = 32
 JOB_ROWS, JOB_TOKENS = 1000, 32
 JOB_PRIORITY = 1
+SMALL_SHARE = 0.125
+APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priority, app_config's batcher and fleet
+    "app": {"priority": JOB_PRIORITY},
+    "app-no-priorities": {"priority": 0},
+    "app-small-share": {"priority": JOB_PRIORITY, "batcher": {"low_priority_share": SMALL_SHARE}},
+    "app-nice0": {"priority": JOB_PRIORITY, "fleet": {"vllm": {"cpu_replica_niceness": 0}}},
+    "app-small-share-nice0": {
+        "priority": JOB_PRIORITY,
+        "batcher": {"low_priority_share": SMALL_SHARE},
+        "fleet": {"vllm": {"cpu_replica_niceness": 0}},
+    },
+}
+PEERS = ("vllm", *APP_PEERS)  # vllm first: its job-alone tok/s sets the rate
 ONLINE_QUESTIONS = [
     "What is the capital of France?",
     "Name three colours of the rainbow.",
@@ -170,7 +184,7 @@ def app_job(ray_tmp: str, path: Path, out: Path, priority: int) -> dict[str, Any
 def run_job(peer: str, url: str, ray_tmp: str, path: Path, workdir: Path) -> dict[str, Any]:
     if peer == "vllm":
         return asyncio.run(vllm_job(url, path, JOB_PRIORITY))
-    priority = 0 if peer == "app-no-priorities" else JOB_PRIORITY
+    priority = APP_PEERS[peer]["priority"]
     return app_job(ray_tmp, path, workdir / f"out-{time.monotonic_ns()}", priority)
 
 
@@ -180,8 +194,8 @@ def run_job(peer: str, url: str, ray_tmp: str, path: Path, workdir: Path) -> dic
 def start(peer: str, folder: Path, workdir: Path) -> Any:
     if peer == "vllm":
         return running("vllm", folder, workdir, 600, ["--scheduling-policy", "priority"])
-    knobs = {"low_priority_share": SMALL_SHARE} if peer == "app-small-share" else None
-    return running("app", folder, workdir, 900, batcher=knobs)
+    variant = APP_PEERS[peer]
+    return running("app", folder, workdir, 900, batcher=variant.get("batcher"), fleet=variant.get("fleet"))
 
 
 def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float | None, online_s: float) -> dict:
@@ -261,7 +275,8 @@ def markdown(rows: list[dict[str, Any]], job_rows: int, online_s: float, minutes
         f"{ONLINE_SHARE:.0%} of the first peer's job-alone output tok/s (or `--rate`), {online_s:.0f} s alone, then "
         f"the same arrivals while the job runs. The job: {job_rows} prompts x {JOB_TOKENS} tokens; `app`: the Ray "
         "Data driver at its default priority (1); `app-no-priorities`: the same driver at priority 0; "
-        f"`app-small-share`: `app` with `low_priority_share: {SMALL_SHARE}`; `vllm`: "
+        f"`app-small-share`: `app` with `low_priority_share: {SMALL_SHARE}`; `-nice0`: the replica's process at "
+        "niceness 0 (`vllm.cpu_replica_niceness`, 19 by default); `vllm`: "
         "vLLM's server with `--scheduling-policy priority`, every job prompt sent at once at priority 1. "
         "`job x what is left`: the job's tok/s beside the online load over (its tok/s alone - the online "
         "load's tok/s alone). `python -m benchmarks.tenancy`."
