@@ -76,17 +76,19 @@ class Embedder(Core[EmbeddingConfig, BatcherSettings]):
     async def run(self, requests: list[EmbeddingRequest]) -> list[Outcome]:
         """Queue ``requests``, all or none (a full queue raises :class:`~batching.QueueFullError` at once), and
         return each one's vector or its own failure, in order. A caller that goes away (or waits past
-        ``request_timeout_s``) withdraws what is still queued."""
+        ``request_timeout_s``) withdraws what is still queued and aborts what a continuous engine is running."""
         futures = self._queue(self.batcher.submit_batch_nowait, requests)
         with self._holding(len(requests)) as finished:
+            gathered = asyncio.gather(*futures, return_exceptions=True)
             try:
-                gathered = asyncio.gather(*futures, return_exceptions=True)
                 outcomes = await asyncio.wait_for(gathered, self.config.request_timeout_s)
             except asyncio.TimeoutError:
                 raise TimeoutError(f"not finished within request_timeout_s={self.config.request_timeout_s:g}") from None
             finally:
                 for future in futures:
                     future.cancel()  # no-op once done; otherwise withdrawn, or aborted in the engine
+                if gathered.done() and not gathered.cancelled():
+                    gathered.exception()  # a cancelled gather holds a CancelledError: retrieved, not logged
             finished[0] = len(requests)
         return outcomes
 

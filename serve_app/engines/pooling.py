@@ -47,7 +47,8 @@ class PoolingEngine(EmbeddingEngine):
         self.device = "cuda" if on_gpu else "cpu"
         args = {"runner": "pooling", "scheduling_policy": settings.scheduling_policy, **settings.engine_args}
         try:
-            self._llm: Any = start_async_llm(path, settings, on_gpu, args)
+            cpu_env = {} if on_gpu else {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(settings.cpu_reserved_cores)}
+            self._llm: Any = start_async_llm(path, settings, on_gpu, args, cpu_env)
         except Exception as exc:
             raise RuntimeError(
                 f"vLLM's pooling runner cannot serve {path}: {exc} (set `engine: padded` for sentence-transformers "

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ..config import VLLMSettings
@@ -61,6 +62,21 @@ def llm_max_running(llm: Any) -> int:
     return llm.vllm_config.scheduler_config.max_num_seqs
 
 
+@contextmanager
+def scoped_environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` inside the block, what was there before after it."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def yield_cores(niceness: int) -> None:
     """Run this process at ``niceness`` from now on (never lower than it is: that needs privileges). Linux
     keeps a niceness per thread, so each thread is set; threads started later inherit their creator's. The
@@ -76,10 +92,17 @@ def yield_cores(niceness: int) -> None:
             continue
 
 
-def start_async_llm(model: str, settings: VLLMSettings, on_gpu: bool, extra: dict[str, Any] | None = None) -> Any:
+def start_async_llm(
+    model: str,
+    settings: VLLMSettings,
+    on_gpu: bool,
+    extra: dict[str, Any] | None = None,
+    start_env: dict[str, str] | None = None,
+) -> Any:
     """vLLM's ``AsyncLLM`` over ``model`` as ``settings`` say (``extra``: more ``AsyncEngineArgs``, which win), with
     the CPU host prepared for it: its KV cache space, its compute threads, this process yielding the cores to it.
-    Both vLLM engines (generation and pooling) start here."""
+    ``start_env``: environment variables for vLLM's engine processes only (set while they start). Both vLLM
+    engines (generation and pooling) start here."""
     if os.path.isdir(model):  # a local folder: never let transformers or vLLM try the hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not on_gpu:
@@ -117,7 +140,8 @@ def start_async_llm(model: str, settings: VLLMSettings, on_gpu: bool, extra: dic
     logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
     # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
     # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
+    with scoped_environ(start_env or {}):  # the engine's processes are spawned (and inherit it) before this returns
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
     if not on_gpu and settings.cpu_replica_niceness > 0:
         # On a CPU the engine's threads compute on every core, and a step waits for its slowest thread, so
         # whatever runs beside them stalls the whole step. The replica's own work (HTTP, streaming,
