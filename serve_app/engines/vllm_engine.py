@@ -105,8 +105,12 @@ def start_async_llm(
     engines (generation and pooling) start here."""
     if os.path.isdir(model):  # a local folder: never let transformers or vLLM try the hub
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    start_env = dict(start_env or {})
     if not on_gpu:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gb))
+        # Scoped, so a second engine in this process (a pooling and a generation one) gets its own; set in the
+        # environment, it wins.
+        kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gb))
+        start_env.setdefault("VLLM_CPU_KVCACHE_SPACE", kv_space)
         # Ray sets OMP_NUM_THREADS to a replica's logical CPUs (1 for num_cpus < 1), and vLLM's engine
         # process inherits it: one compute thread on a multi-core host (measured: 0.91x the tokens/s of
         # the same engine outside Ray on 2 cores). The engine gets the cores it may run on.
@@ -140,7 +144,7 @@ def start_async_llm(
     logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
     # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
     # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
-    with scoped_environ(start_env or {}):  # the engine's processes are spawned (and inherit it) before this returns
+    with scoped_environ(start_env):  # the engine's processes are spawned (and inherit it) before this returns
         llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
     if not on_gpu and settings.cpu_replica_niceness > 0:
         # On a CPU the engine's threads compute on every core, and a step waits for its slowest thread, so
