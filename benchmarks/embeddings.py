@@ -3,10 +3,12 @@
 turn (started, measured, stopped; the next one starts after it has gone):
 
   app           this project's embedding app (``serve_app.app:build_embeddings_app``) with serve_config.yaml's
-                args for it (its defaults if the file has none), on the CPU, one replica: the encoder engine
-                behind the batcher in batch mode, length-aware, under a padded-token budget
-  app-1024      the same with ``target_batch_tokens: 1024`` (a budget for a CPU; see docs/embeddings.md)
-  app-fifo32    the same app with its batcher set to count-32 FIFO (``FIFO32``): the same server, encoder and
+                args for it (its defaults if the file has none), on the CPU, one replica: its default engine,
+                vLLM's pooling runner (``AsyncLLM.encode``), behind continuous admission under an input-token
+                budget
+  app-padded    the same app on its other engine (``engine: padded``): sentence-transformers in torch behind the
+                batcher in batch mode, length-aware, under a padded-token budget (1024 on a CPU)
+  app-fifo32    the padded app with its batcher set to count-32 FIFO (``FIFO32``): the same server, encoder and
                 HTTP path, only the batching differs (a batch is cut only when the encoder is free)
   naive         the same model served the way Ray Serve's docs show: a deployment whose ``@serve.batch(
                 max_batch_size=32, batch_wait_timeout_s=0.01)`` method runs sentence-transformers' ``encode``
@@ -66,10 +68,13 @@ from .serving import free_port, last_error, serve_env, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
-PEERS = ("app", "app-1024", "app-fifo32", "naive", "vllm")
+PEERS = ("app", "app-padded", "app-fifo32", "naive", "vllm")
 EXTRA_PEERS = ("vllm-default",)  # vLLM with its own CPU defaults (one of two cores kept for its scheduler)
 FIFO32 = {"order": "fifo", "max_batch_size": 32, "target_batch_tokens": 10**9}
-APP_VARIANTS = {"app-1024": {"target_batch_tokens": 1024}, "app-fifo32": FIFO32}  # over the app's batcher
+APP_VARIANTS: dict[str, dict[str, Any]] = {  # over the app's args
+    "app-padded": {"engine": "padded", "batcher": {"mode": "batch"}},
+    "app-fifo32": {"engine": "padded", "batcher": {"mode": "batch", **FIFO32}},
+}
 SCENARIOS = {"single": 1, "list16": 16}
 NAIVE_BATCH, NAIVE_WAIT_S = 32, 0.01  # @serve.batch(max_batch_size=32); 0.01 s is Serve's default wait
 MAX_ONGOING = 4096  # the app's default; both Ray peers get it, so Serve's router never holds requests back
@@ -92,17 +97,23 @@ def env() -> dict[str, str]:
     return out
 
 
-def app_args(batcher: dict[str, Any] | None = None) -> dict[str, Any]:
+def app_args(over: dict[str, Any] | None = None) -> dict[str, Any]:
     """The app's ``args``: serve_config.yaml's embedding app (its defaults if it has none) on the CPU, one
-    replica, with ``batcher`` knobs over its own."""
+    replica, with ``over`` (``engine``, ``batcher`` knobs) over them; a batcher of another mode replaces the
+    file's (the engine's defaults fill in the rest)."""
     import yaml
 
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text()) or {}
     found = [a for a in config.get("applications", []) if a.get("import_path") == APP_IMPORT_PATH]
     args = dict((found[0].get("args") if found else None) or {})
     args.update(device="cpu", autoscaling={**(args.get("autoscaling") or {}), "min_replicas": 1, "max_replicas": 1})
+    over = dict(over or {})
+    batcher = over.pop("batcher", None)
+    args.update(over)
     if batcher:
-        args["batcher"] = {**(args.get("batcher") or {}), **batcher}
+        base = args.get("batcher") or {}
+        same_mode = batcher.get("mode", base.get("mode")) == base.get("mode")
+        args["batcher"] = {**base, **batcher} if same_mode else dict(batcher)
     return args
 
 
@@ -156,7 +167,7 @@ def naive_app(folder: str, threads: int) -> Any:
     return NaiveEmbeddings.bind()
 
 
-def serve_peer(peer: str, port: int, batcher: dict[str, Any] | None = None) -> None:
+def serve_peer(peer: str, port: int, over: dict[str, Any] | None = None) -> None:
     """Run one Ray peer in this process's own local Ray cluster until SIGINT."""
     import ray
     from ray import serve
@@ -168,7 +179,7 @@ def serve_peer(peer: str, port: int, batcher: dict[str, Any] | None = None) -> N
 
         # Served at "/" so its /stats route is reachable too (mounted beside the generation app it takes
         # route_prefix /v1/embeddings; the path to /v1/embeddings is the same code either way).
-        serve.run(build_app(app_args(batcher)), name="embeddings", route_prefix="/")
+        serve.run(build_app(app_args(over)), name="embeddings", route_prefix="/")
     elif peer == "naive":
         serve.run(naive_app(str(bundled_encoder_path()), cores()), name="naive", route_prefix="/")
     else:
@@ -206,10 +217,12 @@ def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None
             "--enforce-eager",
             "--disable-log-stats",
         ]
+    over: dict[str, Any] = {"batcher": dict(app_batcher or {})}
     if peer in APP_VARIANTS:
-        peer, app_batcher = "app", {**(app_batcher or {}), **APP_VARIANTS[peer]}
+        variant = APP_VARIANTS[peer]
+        peer, over = "app", {**variant, "batcher": {**over["batcher"], **variant["batcher"]}}
     command = [sys.executable, "-m", "benchmarks.embeddings", "--serve", peer, "--port", str(port)]
-    return [*command, "--app-batcher", json.dumps(app_batcher)] if app_batcher else command
+    return [*command, "--app-args", json.dumps(over)] if peer == "app" else command
 
 
 def peer_env(peer: str, ray_tmp: str) -> dict[str, str]:
@@ -405,9 +418,12 @@ def engine_counts(url: str) -> dict[str, float] | None:
 
 
 def waste_between(before: dict[str, float] | None, after: dict[str, float] | None) -> tuple[float, float]:
-    """(padding waste, mean batch size) of the batches run between two stats reads; NaN when unknown."""
+    """(padding waste, mean batch size) of the batches run between two stats reads; NaN when unknown (an engine
+    that packs inputs, vLLM's, pads nothing and has no batches of its own to count)."""
     if not before or not after:
         return math.nan, math.nan
+    if "padded_tokens" not in after:
+        return 0.0, math.nan
     padded = after["padded_tokens"] - before["padded_tokens"]
     batches = after["batches"] - before["batches"]
     waste = 1 - (after["tokens"] - before["tokens"]) / padded if padded else math.nan
@@ -511,7 +527,8 @@ NUMERIC = (
 
 
 def summarize(runs: list[dict[str, Any]], peers: list[str], scenarios: list[str]) -> list[dict[str, Any]]:
-    """Medians per (scenario, peer) over its runs; the worst cosine; the ratio to naive's texts/s and p50."""
+    """Medians per (scenario, peer) over its runs; the worst cosine; the ratios to naive's and to vLLM's server's
+    texts/s and p50."""
     rows = []
     for scenario in scenarios:
         for peer in peers:
@@ -527,13 +544,14 @@ def summarize(runs: list[dict[str, Any]], peers: list[str], scenarios: list[str]
             bad = sorted({r["status"] for r in mine if r["status"] != "ok"})
             row["status"] = "; ".join(bad) if bad else "ok"
             rows.append(row)
-        base = next((r for r in rows if r["scenario"] == scenario and r["peer"] == "naive"), None)
-        for row in rows:
-            if row["scenario"] != scenario:
-                continue
-            ok = base is not None and base["texts_per_s"] > 0
-            row["x_naive"] = row["texts_per_s"] / base["texts_per_s"] if ok else math.nan
-            row["p50_x_naive"] = row["p50_ms"] / base["p50_ms"] if ok and base["p50_ms"] else math.nan
+        for peer in ("naive", "vllm"):
+            base = next((r for r in rows if r["scenario"] == scenario and r["peer"] == peer), None)
+            for row in rows:
+                if row["scenario"] != scenario:
+                    continue
+                ok = base is not None and base["texts_per_s"] > 0
+                row[f"x_{peer}"] = row["texts_per_s"] / base["texts_per_s"] if ok else math.nan
+                row[f"p50_x_{peer}"] = row["p50_ms"] / base["p50_ms"] if ok and base["p50_ms"] else math.nan
     return rows
 
 
@@ -582,7 +600,7 @@ def measure(
             "scenarios": {s: SCENARIOS[s] for s in scenarios},
             "sampled_vectors": len(indices),
             "cores": cores(),
-            "app_batcher": EmbeddingConfig.model_validate(app_args(app_batcher)).batcher.model_dump(),
+            "app_batcher": EmbeddingConfig.model_validate(app_args({"batcher": app_batcher})).batcher.model_dump(),
             "naive": {"max_batch_size": NAIVE_BATCH, "batch_wait_timeout_s": NAIVE_WAIT_S},
             "token_lengths": token_lengths(texts),
             "load_average_at_start": os.getloadavg()[0],
@@ -609,13 +627,14 @@ def token_lengths(texts: list[str]) -> dict[str, int]:
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'scenario':<8} {'peer':<6} {'texts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'waste':>6} {'batch':>6} "
-        f"{'min cos':>8} {'x naive':>7}  status"
+        f"{'scenario':<8} {'peer':<11} {'texts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'waste':>6} {'batch':>6} "
+        f"{'min cos':>8} {'x naive':>7} {'x vllm':>7} {'p50/vllm':>8}  status"
     )
     for r in rows:
         print(
-            f"{r['scenario']:<8} {r['peer']:<6} {r['texts_per_s']:8.1f} {r['p50_ms']:8.0f} {r['p99_ms']:8.0f} "
-            f"{r['padding_waste']:6.2f} {r['avg_batch']:6.1f} {r['min_cosine']:8.5f} {r['x_naive']:7.2f}  "
+            f"{r['scenario']:<8} {r['peer']:<11} {r['texts_per_s']:8.1f} {r['p50_ms']:8.0f} {r['p99_ms']:8.0f} "
+            f"{r['padding_waste']:6.2f} {r['avg_batch']:6.1f} {r['min_cosine']:8.5f} {r['x_naive']:7.2f} "
+            f"{r['x_vllm']:7.2f} {r['p50_x_vllm']:8.2f}  "
             f"{r['status'][:200]}"
         )
 
@@ -633,10 +652,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app-batcher", type=json.loads, help="knobs over the app's batcher (JSON object)")
     parser.add_argument("--json")
     parser.add_argument("--serve", choices=("app", "naive"), help=argparse.SUPPRESS)
+    parser.add_argument("--app-args", type=json.loads, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve_peer(args.serve, args.port, args.app_batcher)
+        serve_peer(args.serve, args.port, args.app_args)
         return 0
     out = measure(
         args.quick,

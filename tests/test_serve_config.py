@@ -63,14 +63,22 @@ def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url()
     assert embeddings["route_prefix"] == "/v1/embeddings"  # the longest prefix wins: the rest goes to the app
     assert AppConfig.model_validate(app["args"]).embeddings_app == embeddings["name"]
     config = EmbeddingConfig.model_validate(embeddings["args"])
-    assert config.model_name == "all-MiniLM-L6-v2" and config.batcher.order == "length_aware"
-    assert config.batcher.target_batch_tokens == "auto"
-    assert config.batch_tokens("cpu") == 1024 and config.batch_tokens("cuda") == 16384
-    kwargs = config.batcher.batcher_kwargs(config.batch_tokens("cpu"), padded=True)
+    assert config.model_name == "all-MiniLM-L6-v2" and config.engine == "vllm"  # vLLM's pooling runner by default
+    assert config.batcher.mode == "continuous" and config.batcher.max_inflight_tokens == "auto"
+    assert config.batcher == EmbeddingConfig().batcher  # the file spells out the defaults
+    kwargs = config.batcher.batcher_kwargs(4096, 128)  # what the engine says `auto` means
+    assert (kwargs["max_inflight_cost"], kwargs["max_inflight"], kwargs["order"]) == (4096, 128, "length_aware")
+    # engine: padded takes padded batches cut by length by default
+    padded = EmbeddingConfig(engine="padded")
+    assert padded.batcher.mode == "batch" and padded.batcher.target_batch_tokens == "auto"
+    assert padded.batch_tokens("cpu") == 1024 and padded.batch_tokens("cuda") == 16384
+    kwargs = padded.batcher.batcher_kwargs(padded.batch_tokens("cpu"), padded=True)
     assert kwargs["target_batch_tokens"] == 1024 and kwargs["length_aware"] and kwargs["padded"]
-    # a batcher given in part keeps the embedding app's own defaults for the rest
-    partial = EmbeddingConfig(batcher={"max_batch_size": 16}).batcher
+    # a batcher given in part keeps the engine's own defaults for the rest
+    partial = EmbeddingConfig(engine="padded", batcher={"max_batch_size": 16}).batcher
     assert (partial.max_batch_size, partial.batch_timeout_s, partial.order) == (16, 0.005, "length_aware")
+    partial = EmbeddingConfig(batcher={"max_inflight": 32}).batcher
+    assert (partial.mode, partial.max_inflight, partial.max_queue_size) == ("continuous", 32, 8192)
     options = deployment_options(config)
     assert options["ray_actor_options"] == {"num_cpus": 0.25, "num_gpus": 0}
 
@@ -80,7 +88,9 @@ def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url()
     [
         ({"model": ""}, "model"),
         ({"batcher": {"target_batch_tokens": 0}}, "target_batch_tokens"),
-        ({"batcher": {"mode": "continuous"}}, "mode"),
+        ({"engine": "padded", "batcher": {"mode": "continuous"}}, "mode"),
+        ({"engine": "onnx"}, "engine"),
+        ({"vllm": {"max_model_len": 8}}, "max_model_len"),
         ({"dtype": "int4"}, "dtype"),
         ({"max_inputs_per_request": 0}, "max_inputs_per_request"),
         ({"autoscaling": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas"),

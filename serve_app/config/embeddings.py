@@ -1,4 +1,6 @@
-"""The embedding application's configuration (its ``args`` in ``serve_config.yaml``)."""
+"""The embedding application's configuration (its ``args`` in ``serve_config.yaml``): which engine embeds
+(``vllm``: vLLM's pooling runner, every input packed into one varlen batch, behind continuous admission;
+``padded``: sentence-transformers in torch, padded batches cut by length), and each engine's batcher defaults."""
 
 from __future__ import annotations
 
@@ -7,10 +9,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ..models import BUNDLED_ENCODER_NAME
-from .batcher import BatchSettings
+from .batcher import BatcherSettings
 from .common import DeploymentConfig, merge_defaults
+from .generation import VLLMSettings
 
-BATCHER_DEFAULTS: dict[str, Any] = {
+PADDED_DEFAULTS: dict[str, Any] = {
+    "mode": "batch",
     "target_batch_tokens": "auto",
     "max_batch_size": 256,
     "batch_timeout_s": 0.005,
@@ -18,36 +22,111 @@ BATCHER_DEFAULTS: dict[str, Any] = {
     "order": "length_aware",
     "max_queue_size": 8_192,
 }
-"""The embedding batcher's own defaults (an encoder pads every batch to its longest input, so batches are cut
-by length; ``auto``: 1024 padded tokens on a CPU, where small length-sorted batches waste least, and 16384 on a
-GPU, TEI's default, as a GPU needs large batches to fill)."""
+"""The padded engine's batcher defaults (an encoder pads every batch to its longest input, so batches are cut by
+length; ``auto``: 1024 padded tokens on a CPU, where small length-sorted batches waste least, and 16384 on a GPU,
+TEI's default, as a GPU needs large batches to fill)."""
+
+VLLM_DEFAULTS: dict[str, Any] = {
+    "mode": "continuous",
+    "max_inflight_tokens": "auto",
+    "max_inflight": "auto",
+    "order": "length_aware",
+    "max_queue_size": 8_192,
+}
+"""The vLLM engine's batcher defaults: continuous admission, each input entering vLLM as soon as its tokens fit
+the in-flight budget (``auto``: two of vLLM's scheduler steps, ``max_num_batched_tokens`` each, so the next step
+is always ready while one runs) and leaving it the moment its vector is out."""
+
+BATCHER_DEFAULTS = {"vllm": VLLM_DEFAULTS, "padded": PADDED_DEFAULTS}
 
 CPU_BATCH_TOKENS = 1_024
 GPU_BATCH_TOKENS = 16_384
 
 
+class PoolingSettings(VLLMSettings):
+    """vLLM's engine for embeddings (``AsyncEngineArgs`` with ``runner: pooling``); ``engine_args`` passes anything
+    else through."""
+
+    max_model_len: int | None = Field(  # type: ignore[assignment]
+        None, ge=16, description="the longest input; default: the model's own (all-MiniLM-L6-v2: 256)"
+    )
+    cpu_kvcache_space_gb: int = Field(1, ge=1, description="CPU-only hosts: VLLM_CPU_KVCACHE_SPACE")
+    cpu_replica_niceness: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="CPU-only hosts: once its engine is up, the process holding it (tokenizing, HTTP, encoding "
+        "vectors: a large share of an embedding's work) runs at this niceness; 0 leaves it as it started",
+    )
+    cpu_reserved_cores: int = Field(
+        0,
+        ge=0,
+        description="CPU-only hosts: cores vLLM keeps off its compute threads (VLLM_CPU_NUM_OF_RESERVED_CPU; vLLM's "
+        "own default keeps one, half of a 2-core host); 0: every core computes, as the embeddings benchmark runs "
+        "vLLM's own server",
+    )
+    scheduling_policy: Literal["priority", "fcfs"] = Field(
+        "fcfs", description="vLLM's scheduler (the batcher already admits inputs in its own order)"
+    )
+
+
 class EmbeddingConfig(DeploymentConfig):
-    """The embedding application: ``args`` for ``serve_app.app:build_embeddings_app``. Its batcher is batch mode
-    with a budget of padded tokens (batch size x longest input), and defaults of its own (``BATCHER_DEFAULTS``)."""
+    """The embedding application: ``args`` for ``serve_app.app:build_embeddings_app``. Its batcher's defaults are
+    the engine's own (``VLLM_DEFAULTS``: continuous admission; ``PADDED_DEFAULTS``: batches under a budget of padded
+    tokens, batch size x longest input)."""
 
     BUNDLED_NAME = BUNDLED_ENCODER_NAME
 
-    device: str = Field("auto", description="`auto`: the replica's GPU when it has one, else the CPU; or cpu, cuda")
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto", description="`auto`: float32 on a CPU, float16 on a GPU"
+    engine: Literal["vllm", "padded"] = Field(
+        "vllm",
+        description="`vllm`: vLLM's pooling runner packs every input into one batch without padding (BERT-like "
+        "sentence-transformers models it supports, the bundled one included). `padded`: sentence-transformers in "
+        "torch, padded batches cut by length, for models vLLM cannot run",
     )
-    cpu_threads: Literal["auto"] | int = Field("auto", description="CPU compute threads; `auto`: every usable core")
+    device: str = Field(
+        "auto", description="engine `padded`: `auto` (the replica's GPU when it has one, else the CPU), cpu, cuda"
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="engine `padded`: `auto` is float32 on a CPU, float16 on a GPU (vLLM: `vllm.dtype`)"
+    )
+    cpu_threads: Literal["auto"] | int = Field(
+        "auto", description="engine `padded`: CPU compute threads; `auto`: every usable core (vLLM: `vllm.cpu_threads`)"
+    )
     max_inputs_per_request: int = Field(2_048, ge=1, description="inputs in one request (OpenAI's limit is 2048)")
     max_input_chars: int = Field(100_000, ge=1, description="the longest input text accepted, before tokenizing")
-    batcher: BatchSettings = Field(default_factory=lambda: BatchSettings(**BATCHER_DEFAULTS))
+    batcher: BatcherSettings = Field(default_factory=lambda: EmbeddingConfig.default_batcher("vllm"))
+    vllm: PoolingSettings = Field(default_factory=PoolingSettings)
+
+    @staticmethod
+    def default_batcher(engine: str) -> dict[str, Any]:
+        """The batcher an engine gets when ``batcher`` is left out."""
+        return dict(BATCHER_DEFAULTS.get(engine, VLLM_DEFAULTS))
 
     @model_validator(mode="before")
     @classmethod
     def _batcher_defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "batcher" in data:
-            data = {**data, "batcher": merge_defaults(BATCHER_DEFAULTS, data["batcher"])}
+        """Fill the batcher from the engine's defaults (those of the mode given, when one is)."""
+        if not isinstance(data, dict):
+            return data
+        engine = data.get("engine", "vllm")
+        given = data.get("batcher")
+        if given is None:
+            return {**data, "batcher": cls.default_batcher(engine)}
+        if isinstance(given, dict):
+            mode = given.get("mode", BATCHER_DEFAULTS.get(engine, VLLM_DEFAULTS)["mode"])
+            defaults = VLLM_DEFAULTS if mode == "continuous" else PADDED_DEFAULTS
+            return {**data, "batcher": merge_defaults(defaults, given)}
         return data
 
+    @model_validator(mode="after")
+    def _padded_batches(self) -> EmbeddingConfig:
+        if self.engine == "padded" and self.batcher.mode != "batch":
+            raise ValueError(
+                "batcher.mode: the padded engine runs whole padded batches, so it needs `mode: batch` "
+                "(continuous admission is for engine `vllm`)"
+            )
+        return self
+
     def batch_tokens(self, device: str) -> int:
-        """What ``target_batch_tokens: auto`` means on ``device``."""
+        """What ``target_batch_tokens: auto`` means for a padded engine on ``device``."""
         return CPU_BATCH_TOKENS if device == "cpu" else GPU_BATCH_TOKENS

@@ -101,7 +101,7 @@ def _sections(model: BaseModel, title: str) -> Iterator[str]:
         value = getattr(model, name) or _optional_model(field.annotation)
         if not isinstance(value, BaseModel):
             continue
-        variants = [value] if name != "batcher" or isinstance(model, EmbeddingConfig) else _batchers()
+        variants = [value] if name != "batcher" else _batchers(model)
         for variant in variants:
             mode = f" with `mode: {variant.mode}`" if name == "batcher" else ""
             yield ""
@@ -120,7 +120,10 @@ def _optional_model(annotation: Any) -> BaseModel | None:
     return None
 
 
-def _batchers() -> list[BaseModel]:
+def _batchers(model: BaseModel) -> list[BaseModel]:
+    """Both batcher modes, with the app's defaults (the embedding app's are each engine's own)."""
+    if isinstance(model, EmbeddingConfig):
+        return [EmbeddingConfig(engine=engine).batcher for engine in ("vllm", "padded")]
     return [ContinuousSettings(), BatchSettings()]
 
 

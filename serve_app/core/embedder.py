@@ -1,5 +1,6 @@
-"""The embedding core: one encoder, one batcher (batch mode, a padded-token budget, length-aware) and input
-building, and the one path every embedding request takes (:meth:`Embedder.run`), whoever sends it: a Serve
+"""The embedding core: one engine (``vllm`` or ``padded``), the batcher it wants (continuous admission under an
+input-token budget for vLLM, which packs inputs itself; padded batches cut by length for the padded engine) and
+input building, and the one path every embedding request takes (:meth:`Embedder.run`), whoever sends it: a Serve
 replica's HTTP route and handle methods, or a Ray Data actor in process. It reads as the generation core does.
 
     embedder = Embedder(EmbeddingConfig())
@@ -15,10 +16,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from batching import TokenBatcher
+from batching import ContinuousBatcher, TokenBatcher
 
-from ..config import BatchSettings, EmbeddingConfig
-from ..engines.encoder import EmbeddingRequest, EncoderEngine
+from ..config import BatcherSettings, EmbeddingConfig
+from ..engines.embedding import EmbeddingRequest, build_embedding_engine
 from ..errors import GenerationError, RequestError
 from .base import Core, Observer
 from .inputs import InputBuilder
@@ -39,39 +40,55 @@ def error_row(message: str) -> dict[str, Any]:
     return {"embedding": None, "tokens": 0, "error": message}
 
 
-class Embedder(Core[EmbeddingConfig, BatchSettings]):
+class Embedder(Core[EmbeddingConfig, BatcherSettings]):
     """The embedding core (see the module's docstring)."""
 
     def __init__(self, config: EmbeddingConfig, observer: Observer | None = None) -> None:
-        engine = EncoderEngine(config.model, config.device, config.cpu_threads, config.dtype)
+        engine = build_embedding_engine(config)
         self.inputs = InputBuilder(engine, config)
         super().__init__(config, engine, observer)
 
-    def _new_batcher(self, settings: BatchSettings) -> TokenBatcher:
-        kwargs = settings.batcher_kwargs(self.config.batch_tokens(self.engine.device), padded=True)
+    def _new_batcher(self, settings: BatcherSettings) -> TokenBatcher | ContinuousBatcher:
+        """``settings.mode``'s batcher; ``auto`` sizes come from the engine (its padded batch budget on its device,
+        or what a continuous engine holds at once)."""
+        engine = self.engine
+        if settings.mode == "continuous":
+            kwargs = settings.batcher_kwargs(engine.inflight_tokens(), engine.max_running())
+            self.budget = kwargs["max_inflight_cost"]
+            return ContinuousBatcher(self._process_one, **kwargs)
+        kwargs = settings.batcher_kwargs(self.config.batch_tokens(engine.device), padded=engine.padded)
         self.budget = kwargs["target_batch_tokens"] * kwargs["max_concurrent_batches"]
         return TokenBatcher(self._process, **kwargs)
 
     async def _process(self, batch: list[EmbeddingRequest]) -> list[list[float]]:
+        """Batch mode: one batch into the engine."""
         self._started(batch, batch=True)
         return await self.engine.embed(batch)
+
+    async def _process_one(self, request: EmbeddingRequest) -> list[float]:
+        """Continuous mode: one admitted input into the engine (cancelled when its caller goes away)."""
+        self._started([request], batch=False)
+        (vector,) = await self.engine.embed([request])
+        return vector
 
     # -- The one path --------------------------------------------------------------------------------------
 
     async def run(self, requests: list[EmbeddingRequest]) -> list[Outcome]:
         """Queue ``requests``, all or none (a full queue raises :class:`~batching.QueueFullError` at once), and
         return each one's vector or its own failure, in order. A caller that goes away (or waits past
-        ``request_timeout_s``) withdraws what is still queued."""
+        ``request_timeout_s``) withdraws what is still queued and aborts what a continuous engine is running."""
         futures = self._queue(self.batcher.submit_batch_nowait, requests)
         with self._holding(len(requests)) as finished:
+            gathered = asyncio.gather(*futures, return_exceptions=True)
             try:
-                gathered = asyncio.gather(*futures, return_exceptions=True)
                 outcomes = await asyncio.wait_for(gathered, self.config.request_timeout_s)
             except asyncio.TimeoutError:
                 raise TimeoutError(f"not finished within request_timeout_s={self.config.request_timeout_s:g}") from None
             finally:
                 for future in futures:
-                    future.cancel()  # no-op once done; otherwise the batcher drops it before the encoder
+                    future.cancel()  # no-op once done; otherwise withdrawn, or aborted in the engine
+                if gathered.done() and not gathered.cancelled():
+                    gathered.exception()  # a cancelled gather holds a CancelledError: retrieved, not logged
             finished[0] = len(requests)
         return outcomes
 
@@ -102,5 +119,5 @@ class Embedder(Core[EmbeddingConfig, BatchSettings]):
         return out
 
     def stats(self) -> dict[str, Any]:
-        """The core's statistics, with the encoder's device and the vectors' dimensions."""
+        """The core's statistics, with the engine's device and the vectors' dimensions."""
         return {**super().stats(), "device": self.engine.device, "dimensions": self.engine.dimensions}

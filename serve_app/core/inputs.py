@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import EmbeddingConfig
-from ..engines.encoder import EmbeddingRequest, EncoderEngine
+from ..engines.embedding import EmbeddingEngine, EmbeddingRequest
 from ..errors import ModelNotFoundError, RequestError
 from ..openai.common import is_valid_unicode
 from ..openai.embeddings import EmbeddingRequestBody
@@ -22,9 +22,9 @@ from .base import check_batch
 
 
 class InputBuilder:
-    """Checks and tokenizes embedding inputs against one encoder and the app's limits."""
+    """Checks and tokenizes embedding inputs against one embedding engine and the app's limits."""
 
-    def __init__(self, engine: EncoderEngine, config: EmbeddingConfig) -> None:
+    def __init__(self, engine: EmbeddingEngine, config: EmbeddingConfig) -> None:
         self.engine = engine
         self.config = config
 

@@ -1,4 +1,5 @@
-"""Engines behind one interface (:class:`Engine`): ``vllm`` (AsyncLLM) and ``simulated``."""
+"""Generation engines behind one interface (:class:`Engine`): ``vllm`` (AsyncLLM) and ``simulated``. Embedding engines
+have their own small interface (:mod:`.embedding`): ``vllm`` (vLLM's pooling runner) and ``padded``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A padded encoder (sentence-transformers in torch): the static-batch engine behind ``/v1/embeddings``.
+"""The padded engine (sentence-transformers in torch): the static-batch embedding engine (``engine: padded``), for
+models vLLM's pooling runner cannot run.
 
 Each batch is padded to its longest input and run once; pooling and normalisation are what the model's
 own sentence-transformers modules prescribe (all-MiniLM-L6-v2: mean pooling, then L2 normalisation). A
@@ -21,12 +22,12 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import EngineDeadError
 from ..models import BUNDLED, package_folders
+from .embedding import EmbeddingEngine, EmbeddingRequest
 
 logger = logging.getLogger("serve_app")
 
@@ -39,20 +40,6 @@ def bundled_encoder_path() -> Path:
     return folders[0] / "model"
 
 
-@dataclass
-class EmbeddingRequest:
-    """One input, tokenized (special tokens included), with a unique id."""
-
-    request_id: str
-    token_ids: list[int]
-    submitted_at: float = field(default_factory=time.monotonic)
-    """When it passed validation (``time.monotonic``): the start of its queue wait."""
-
-    def estimate_tokens(self) -> int:
-        """Its cost: the tokens the encoder reads (the batcher pads a batch to the longest of them)."""
-        return len(self.token_ids)
-
-
 def pick_device(device: str) -> str:
     """``auto``: the GPU when torch sees one, else the CPU; anything else as given (``cpu``, ``cuda:1``)."""
     if device != "auto":
@@ -62,7 +49,7 @@ def pick_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class EncoderEngine:
+class EncoderEngine(EmbeddingEngine):
     """A sentence-transformers encoder run as padded batches.
 
     Args:
@@ -73,7 +60,7 @@ class EncoderEngine:
         dtype: ``auto`` (float32 on the CPU, float16 on the GPU), ``float32``, ``float16`` or ``bfloat16``.
     """
 
-    name = "encoder"
+    name = "padded"
 
     def __init__(
         self,
@@ -96,7 +83,8 @@ class EncoderEngine:
             dtype = "float32" if self.device == "cpu" else "float16"
         self.model.to(getattr(torch, dtype))
         self.tokenizer = self.model.tokenizer
-        self.max_length = self.max_model_len = int(self.model.max_seq_length)
+        self.max_length = int(self.model.max_seq_length)
+        self.special_ids = frozenset(self.tokenizer.all_special_ids)
         dims = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dimensions = int(dims())
         self.vocab_size = len(self.tokenizer)
@@ -123,15 +111,6 @@ class EncoderEngine:
 
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-
-    def truncate(self, token_ids: list[int], limit: int) -> list[int]:
-        """The first ``limit`` tokens, keeping the closing special token (as the tokenizer's truncation does)."""
-        if len(token_ids) <= limit:
-            return token_ids
-        last = token_ids[-1]
-        if last in self.tokenizer.all_special_ids and limit > 1:
-            return [*token_ids[: limit - 1], last]
-        return token_ids[:limit]
 
     async def embed(self, batch: list[EmbeddingRequest]) -> list[list[float]]:
         """One vector per request, in order: the batch padded to its longest input, run once."""
@@ -178,7 +157,3 @@ class EncoderEngine:
         self.model = None
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()
-
-    async def shutdown(self) -> None:
-        """Release the encoder after a replica's drain (without blocking the event loop)."""
-        await asyncio.to_thread(self.close)

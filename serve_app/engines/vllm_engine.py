@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ..config import VLLMSettings
@@ -61,6 +62,21 @@ def llm_max_running(llm: Any) -> int:
     return llm.vllm_config.scheduler_config.max_num_seqs
 
 
+@contextmanager
+def scoped_environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` inside the block, what was there before after it."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def yield_cores(niceness: int) -> None:
     """Run this process at ``niceness`` from now on (never lower than it is: that needs privileges). Linux
     keeps a niceness per thread, so each thread is set; threads started later inherit their creator's. The
@@ -76,6 +92,97 @@ def yield_cores(niceness: int) -> None:
             continue
 
 
+def start_async_llm(
+    model: str,
+    settings: VLLMSettings,
+    on_gpu: bool,
+    extra: dict[str, Any] | None = None,
+    start_env: dict[str, str] | None = None,
+) -> Any:
+    """vLLM's ``AsyncLLM`` over ``model`` as ``settings`` say (``extra``: more ``AsyncEngineArgs``, which win), with
+    the CPU host prepared for it: its KV cache space, its compute threads, this process yielding the cores to it.
+    ``start_env``: environment variables for vLLM's engine processes only (set while they start). Both vLLM
+    engines (generation and pooling) start here."""
+    if os.path.isdir(model):  # a local folder: never let transformers or vLLM try the hub
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    start_env = dict(start_env or {})
+    if not on_gpu:
+        # Scoped, so a second engine in this process (a pooling and a generation one) gets its own; set in the
+        # environment, it wins.
+        kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gb))
+        start_env.setdefault("VLLM_CPU_KVCACHE_SPACE", kv_space)
+        # Ray sets OMP_NUM_THREADS to a replica's logical CPUs (1 for num_cpus < 1), and vLLM's engine
+        # process inherits it: one compute thread on a multi-core host (measured: 0.91x the tokens/s of
+        # the same engine outside Ray on 2 cores). The engine gets the cores it may run on.
+        threads = settings.cpu_threads if settings.cpu_threads != "auto" else len(os.sched_getaffinity(0))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        niceness = os.nice(0)
+        if niceness > 0:  # Ray starts its workers at nice 15; the engine's processes inherit it
+            logger.warning(
+                "this replica runs at nice %d (Ray's worker_niceness) and vLLM's CPU engine inherits it, so "
+                "every other process that wakes on the engine's cores runs ahead of the model: set "
+                "RAY_worker_niceness=0 where Ray starts (serve.env; `make serve` does)",
+                niceness,
+            )
+    from vllm import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args: dict[str, Any] = {
+        "model": model,
+        "dtype": resolve_dtype(settings.dtype, on_gpu),
+        "enforce_eager": settings.enforce_eager if settings.enforce_eager is not None else not on_gpu,
+        "disable_log_stats": True,
+    }
+    if settings.max_model_len is not None:  # None: the model's own (a pooling model's)
+        args["max_model_len"] = settings.max_model_len
+    if on_gpu:
+        args["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    if settings.max_num_seqs is not None:
+        args["max_num_seqs"] = settings.max_num_seqs
+    args.update(extra or {})
+    logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
+    # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
+    # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
+    with scoped_environ(start_env):  # the engine's processes are spawned (and inherit it) before this returns
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
+    if not on_gpu and settings.cpu_replica_niceness > 0:
+        # On a CPU the engine's threads compute on every core, and a step waits for its slowest thread, so
+        # whatever runs beside them stalls the whole step. The replica's own work (HTTP, streaming,
+        # detokenizing) can wait for the gaps between steps. Measured with `vllm bench serve`, 64-request
+        # chat bursts on 2 cores, 3 paired rounds: median TTFT 8.6-8.8 s with the replica at nice 0, 7.0-7.5 s
+        # at 19, vllm serve 6.7-7.2 s (benchmarks/results/serving.md).
+        yield_cores(settings.cpu_replica_niceness)
+        logger.info("this process now at nice %d, below its engine's processes", settings.cpu_replica_niceness)
+    return llm
+
+
+async def tokenize_prompts(llm: Any, prompts: list[Any], **params: Any) -> list[Any]:
+    """vLLM's renderer tokenizing (or detokenizing) ``prompts`` on its own thread pool (no second tokenizer)."""
+    from vllm.renderers.params import TokenizeParams
+
+    return await llm.renderer.tokenize_prompts_async(prompts, TokenizeParams(None, **params))
+
+
+async def tokenize_texts(llm: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of plain texts as vLLM's completions and embeddings routes tokenize them (special tokens added)."""
+    from vllm.inputs import TextPrompt
+
+    prompts = await tokenize_prompts(llm, [TextPrompt(prompt=text) for text in texts], add_special_tokens=True)
+    return [list(prompt["prompt_token_ids"]) for prompt in prompts]
+
+
+async def render_tokens(llm: Any, token_ids: list[int]) -> Any:
+    """A tokenized prompt through vLLM's renderer, ready for ``generate`` or ``encode`` (raw prompts to them are
+    deprecated)."""
+    from vllm.inputs import TokensPrompt
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+    parsed = parse_model_prompt(llm.model_config, TokensPrompt(prompt_token_ids=token_ids))
+    (engine_input,) = await llm.renderer.render_cmpl_async([parsed])
+    return engine_input
+
+
 class VLLMEngine(Engine):
     """An ``AsyncLLM`` over one model; on a CPU-only host it runs vLLM's CPU build."""
 
@@ -84,71 +191,20 @@ class VLLMEngine(Engine):
     def __init__(self, model: str, settings: VLLMSettings, workers_on_gpus: bool = False) -> None:
         """``workers_on_gpus``: the engine's workers run in the replica's placement group, on its GPUs (the replica
         process itself then sees none)."""
-        if os.path.isdir(model):  # a local folder: never let transformers or vLLM try the hub
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
         on_gpu = workers_on_gpus or has_cuda()
-        if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gb))
-            # Ray sets OMP_NUM_THREADS to a replica's logical CPUs (1 for num_cpus < 1), and vLLM's engine
-            # process inherits it: one compute thread on a multi-core host (measured: 0.91x the tokens/s of
-            # the same engine outside Ray on 2 cores). The engine gets the cores it may run on.
-            threads = settings.cpu_threads if settings.cpu_threads != "auto" else len(os.sched_getaffinity(0))
-            os.environ["OMP_NUM_THREADS"] = str(threads)
-            niceness = os.nice(0)
-            if niceness > 0:  # Ray starts its workers at nice 15; the engine's processes inherit it
-                logger.warning(
-                    "this replica runs at nice %d (Ray's worker_niceness) and vLLM's CPU engine inherits it, so "
-                    "every other process that wakes on the engine's cores runs ahead of the model: set "
-                    "RAY_worker_niceness=0 where Ray starts (serve.env; `make serve` does)",
-                    niceness,
-                )
-        from vllm import AsyncEngineArgs
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        enforce_eager = settings.enforce_eager if settings.enforce_eager is not None else not on_gpu
-        args: dict[str, Any] = {
-            "model": model,
-            "max_model_len": settings.max_model_len,
-            "dtype": resolve_dtype(settings.dtype, on_gpu),
-            "enforce_eager": enforce_eager,
-            "disable_log_stats": True,
-        }
-        if on_gpu:
-            args["gpu_memory_utilization"] = settings.gpu_memory_utilization
-        if settings.max_num_seqs is not None:
-            args["max_num_seqs"] = settings.max_num_seqs
-        args["scheduling_policy"] = settings.scheduling_policy
-        args.update(settings.engine_args)
+        args = {"scheduling_policy": settings.scheduling_policy, **settings.engine_args}
         self._priorities = args["scheduling_policy"] == "priority"  # vLLM refuses a request's priority under fcfs
-        logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
         self.max_model_len = settings.max_model_len
-        # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
-        # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
+        self._llm = start_async_llm(model, settings, on_gpu, args)
         self._dead: BaseException | None = None
         self._counts = {"requests": 0, "aborts": 0}
-        if not on_gpu and settings.cpu_replica_niceness > 0:
-            # On a CPU the engine's threads compute on every core, and a step waits for its slowest thread, so
-            # whatever runs beside them stalls the whole step. The replica's own work (HTTP, streaming,
-            # detokenizing) can wait for the gaps between steps. Measured with `vllm bench serve`, 64-request
-            # chat bursts on 2 cores, 3 paired rounds: median TTFT 8.6-8.8 s with the replica at nice 0, 7.0-7.5 s
-            # at 19, vllm serve 6.7-7.2 s (benchmarks/results/serving.md).
-            yield_cores(settings.cpu_replica_niceness)
-            logger.info("this process now at nice %d, below its engine's processes", settings.cpu_replica_niceness)
 
     async def _tokenize(self, prompts: list[Any], **params: Any) -> list[Any]:
-        """vLLM's renderer tokenizing (or detokenizing) ``prompts`` on its own thread pool."""
-        from vllm.renderers.params import TokenizeParams
-
-        return await self._llm.renderer.tokenize_prompts_async(prompts, TokenizeParams(None, **params))
+        return await tokenize_prompts(self._llm, prompts, **params)
 
     async def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of plain prompts, as vLLM's completions route tokenizes them (with the BOS it adds)."""
-        from vllm.inputs import TextPrompt
-
-        prompts = await self._tokenize([TextPrompt(prompt=text) for text in texts], add_special_tokens=True)
-        return [list(prompt["prompt_token_ids"]) for prompt in prompts]
+        return await tokenize_texts(self._llm, texts)
 
     async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
         """The model's chat template with the assistant's generation prompt, rendered and tokenized as vLLM's chat
@@ -203,7 +259,6 @@ class VLLMEngine(Engine):
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         """``AsyncLLM.generate``'s delta stream; cancelling the iteration aborts the request in vLLM."""
-        from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
         if self._dead is not None:
@@ -215,7 +270,7 @@ class VLLMEngine(Engine):
         finish_reason = None
         try:
             params = self.sampling_params(request.sampling)
-            prompt = await self._render(TokensPrompt(prompt_token_ids=request.prompt_token_ids))
+            prompt = await render_tokens(self._llm, request.prompt_token_ids)
             priority = {"priority": request.priority} if self._priorities else {}
             async for output in self._llm.generate(prompt, params, request.request_id, **priority):
                 if not output.outputs:
@@ -237,14 +292,6 @@ class VLLMEngine(Engine):
             yield GenerationResult.failure(request, f"{type(exc).__name__}: {exc}", produced)
             return
         yield GenerationResult(request.request_id, "".join(parts), prompt_tokens, produced, finish_reason or "abort")
-
-    async def _render(self, prompt: Any) -> Any:
-        """Hand a tokenized prompt to vLLM's renderer (raw prompts to ``generate`` are deprecated)."""
-        from vllm.renderers.inputs.preprocess import parse_model_prompt
-
-        parsed = parse_model_prompt(self._llm.model_config, prompt)
-        (engine_input,) = await self._llm.renderer.render_cmpl_async([parsed])
-        return engine_input
 
     async def abort(self, request_id: str) -> None:
         if self._dead is None and self._llm is not None:

@@ -49,7 +49,7 @@ class MountedAtRoute:
 
 api = make_api(
     "token-batching embeddings",
-    "OpenAI embeddings from a padded encoder, batched by length under a padded-token budget.",
+    "OpenAI embeddings from vLLM's pooling runner behind continuous admission, or a padded encoder batched by length.",
     MountedAtRoute,
 )
 
