@@ -2,13 +2,15 @@
 
     python -m serve_app.driver --input data/problems.jsonl --output out/ [--app llm] [--concurrency N]
         [--prompt-column prompt] [--id-column id] [--limit K] [--format jsonl|parquet] [--max-tokens 64]
+        [--resume] [--checkpoint DIR]
     python -m serve_app.driver --task embed --input docs.parquet --output vectors/ --format parquet
         [--text-column text] [--app embeddings]
 
 Reads JSONL, JSON, Parquet or CSV; writes one output row per input row (JSONL or Parquet) into the output
-folder; Ray Data shows progress; ends with a summary: rows, errors, wall time, the replicas' batch
-statistics, and for generation output tokens/s and accuracy (when the input has an ``answer`` column), for
-embeddings texts/s, tokens and the vectors' dimensions.
+folder, recording the written rows' ids in a checkpoint (``--resume`` runs the job again over only the rows not
+yet written; rows without an id get ``"<file>:<row>"``); Ray Data shows progress; ends with a summary: rows,
+errors, wall time, the replicas' batch statistics, and for generation output tokens/s and accuracy (when the
+input has an ``answer`` column), for embeddings texts/s, tokens and the vectors' dimensions.
 """
 
 from __future__ import annotations
@@ -17,35 +19,16 @@ import argparse
 import json
 import logging
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from .config import DATA_PRIORITY
+from .data.resume import IO_CPUS, checkpointed_rows, read
 
 logger = logging.getLogger(__name__)
-
-READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-IO_CPUS = 0.25
-"""CPUs each read or write task asks for. Ray Data's default is a whole CPU, which on a small machine
-whose replicas hold most CPUs would never be free: the job would wait forever. These tasks are I/O."""
-
-
-def read(path: str) -> Any:
-    """A Ray Dataset from a file or folder, by extension (a folder is read as JSONL unless it holds Parquet)."""
-    import ray.data
-
-    p = Path(path)
-    suffix = p.suffix.lower()
-    if p.is_dir():
-        suffix = ".parquet" if any(p.glob("*.parquet")) else ".jsonl"
-    kind = READERS.get(suffix)
-    if kind is None:
-        raise ValueError(f"cannot read '{path}': use .jsonl, .json, .parquet or .csv")
-    if kind == "json":
-        return ray.data.read_json(path, lines=suffix == ".jsonl" or p.is_dir(), num_cpus=IO_CPUS)
-    return getattr(ray.data, f"read_{kind}")(path, num_cpus=IO_CPUS)
 
 
 def replica_stats(app: str, deployment: str, probes: int = 24) -> dict[str, dict[str, Any]]:
@@ -86,7 +69,7 @@ def first_number(text: str) -> int | None:
     return int(match.group()) if match else None
 
 
-def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate") -> dict[str, Any]:
+def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate", id_column: str = "id") -> dict[str, Any]:
     """Rows, errors, tokens (output tokens, or embedded tokens), accuracy (with answers) and the vectors'
     dimensions (embeddings), read back from the written output."""
     import ray.data
@@ -105,8 +88,8 @@ def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate") -
         tokens += int(batch["output_tokens" if task == "generate" else "tokens"].sum())
         if task == "embed":
             dimensions.update(len(v) for v in batch["embedding"] if v is not None)
-        if "id" in batch:
-            for row_id in batch["id"].tolist():
+        if id_column in batch:
+            for row_id in batch[id_column].tolist():
                 duplicates += row_id in ids
                 ids.add(row_id)
         if has_answer:
@@ -129,32 +112,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     app = args.app or ("embeddings" if embedding else "llm")
     deployment = args.deployment or ("EmbeddingServer" if embedding else "LLMServer")
     column, column_flag = (args.text_column, "--text-column") if embedding else (args.prompt_column, "--prompt-column")
-    ds = read(args.input)
+    if args.resume and args.limit:
+        raise ValueError("--limit cannot be resumed (a rerun would take the next K unwritten rows); drop one")
+    checkpoint = Path(args.checkpoint or f"{str(args.output).rstrip('/')}.checkpoint")
+    if args.resume and Path(args.output).exists() and not checkpoint.is_dir():
+        raise ValueError(f"nothing to resume: no checkpoint at '{checkpoint}' (set it with --checkpoint)")
+    if not args.resume:
+        shutil.rmtree(checkpoint, ignore_errors=True)  # a fresh run: forget what the last one wrote
+    skipped = checkpointed_rows(checkpoint)
+    ds = read(args.input, id_column=args.id_column)
     columns = ds.columns()
-    for name, flag in ((column, column_flag), (args.id_column, "--id-column")):
-        if name not in columns:
-            raise ValueError(f"the input has no column '{name}' (columns: {columns}); name it with {flag}")
+    if column not in columns:
+        raise ValueError(f"the input has no column '{column}' (columns: {columns}); name it with {column_flag}")
     if args.limit:
         ds = ds.limit(args.limit)
     rows_in = ds.count()
     before = replica_stats(app, deployment)
     common = {"app": app, "deployment": deployment, "concurrency": args.concurrency, "fail_fast": args.fail_fast}
+    common |= {"checkpoint": checkpoint, "id_column": args.id_column}
     if embedding:
         out = embed(ds, text_column=column, batch_size=args.batch_size or 64, **common)
     else:
         sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
         origin = {"priority": args.priority, "tenant": args.tenant}
         out = generate(ds, prompt_column=column, batch_size=args.batch_size or 8, **common, **origin, **sampling)
-    if args.id_column != "id":
-        out = out.rename_columns({args.id_column: "id"})
     started = time.monotonic()
     write = out.write_parquet if args.format == "parquet" else out.write_json
-    write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode="overwrite")  # a rerun replaces the last output
+    mode = "append" if args.resume else "overwrite"  # a fresh run replaces the last output
+    write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode=mode)
     wall = time.monotonic() - started
-    result = summarize(args.output, args.format, "answer" in columns and not embedding, args.task)
+    result = summarize(args.output, args.format, "answer" in columns and not embedding, args.task, args.id_column)
     after = replica_stats(app, deployment)
     summary = {
         "rows_in": rows_in,
+        "rows_skipped": skipped,
         "rows_out": result["rows"],
         "errors": result["errors"],
         "duplicate_ids": result["duplicate_ids"],
@@ -185,7 +176,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="rows per request (default: 8, or 64 for embed)")
     p.add_argument("--prompt-column", default="prompt")
     p.add_argument("--text-column", default="text", help="--task embed: the column to embed")
-    p.add_argument("--id-column", default="id")
+    p.add_argument("--id-column", default="id", help="unique row ids; added as '<file>:<row>' where missing")
+    p.add_argument("--resume", action="store_true", help="skip the rows the last run of this job wrote")
+    p.add_argument("--checkpoint", default=None, help="where written ids are recorded (default: OUTPUT.checkpoint)")
     p.add_argument("--limit", type=int, default=None, help="only the first K rows")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     p.add_argument("--max-tokens", type=int, default=None)

@@ -16,6 +16,8 @@ import logging
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -24,6 +26,7 @@ from ..config import DATA_PRIORITY
 from ..core.embedder import error_row as embed_error_row
 from ..core.generator import error_row as generate_error_row
 from ..errors import classify
+from .resume import checkpointed
 from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, rows_out, texts
 
 logger = logging.getLogger(__name__)
@@ -204,14 +207,19 @@ def generate(
     max_retries: int = 6,
     priority: int = DATA_PRIORITY,
     tenant: str | None = None,
+    checkpoint: str | Path | None = None,
+    id_column: str = "id",
     **sampling: Any,
 ) -> Any:
     """Stream ``ds`` through the generation app: each row gains ``text``, ``prompt_tokens``, ``output_tokens``,
     ``finish_reason`` and ``error``. Its requests go at ``priority`` (after interactive ones) and count against
-    ``tenant``'s fair share (default: this job). Returns a lazy Dataset."""
+    ``tenant``'s fair share (default: this job). With ``checkpoint`` (a folder), writing the result to files
+    records each written row's ``id_column`` there, and the same job run again skips those rows
+    (:func:`~serve_app.data.resume.checkpointed`). Returns a lazy Dataset."""
     options = {**sampling, "priority": priority, "tenant": tenant or job_tenant()}
     kwargs = {"app": app, "deployment": deployment, "prompt_column": prompt_column, "sampling": options}
-    return _through_app(ds, ServeGenerate, kwargs, concurrency, batch_size, actors, fail_fast, max_retries)
+    job = Job(concurrency, batch_size, actors, fail_fast, max_retries, checkpoint, id_column)
+    return _through_app(ds, ServeGenerate, kwargs, job)
 
 
 def embed(
@@ -226,35 +234,46 @@ def embed(
     fail_fast: bool = False,
     max_retries: int = 6,
     truncate_prompt_tokens: int | None = None,
+    checkpoint: str | Path | None = None,
+    id_column: str = "id",
 ) -> Any:
-    """Stream ``ds`` through the embedding app: each row gains ``embedding``, ``tokens`` and ``error``. Returns a
-    lazy Dataset."""
+    """Stream ``ds`` through the embedding app: each row gains ``embedding``, ``tokens`` and ``error``;
+    ``checkpoint`` and ``id_column`` as for :func:`generate`. Returns a lazy Dataset."""
     kwargs = {"app": app, "deployment": deployment, "text_column": text_column}
     kwargs["truncate_prompt_tokens"] = truncate_prompt_tokens
-    return _through_app(ds, ServeEmbed, kwargs, concurrency, batch_size, actors, fail_fast, max_retries)
+    job = Job(concurrency, batch_size, actors, fail_fast, max_retries, checkpoint, id_column)
+    return _through_app(ds, ServeEmbed, kwargs, job)
 
 
-def _through_app(
-    ds: Any,
-    fn: type[_ServeRows],
-    kwargs: dict[str, Any],
-    concurrency: int | None,
-    batch_size: int,
-    actors: int | None,
-    fail_fast: bool,
-    max_retries: int,
-) -> Any:
-    concurrency = concurrency or app_capacity(kwargs["app"], kwargs["deployment"])
-    if concurrency < 1 or batch_size < 1:
-        raise ValueError(f"concurrency ({concurrency}) and batch_size ({batch_size}) must be >= 1")
+@dataclass
+class Job:
+    """How a job streams its rows: requests in flight, rows per request, map actors, failure handling, and the
+    checkpoint it resumes from."""
+
+    concurrency: int | None
+    batch_size: int
+    actors: int | None
+    fail_fast: bool
+    max_retries: int
+    checkpoint: str | Path | None = None
+    id_column: str = "id"
+
+
+def _through_app(ds: Any, fn: type, kwargs: dict[str, Any], job: Job) -> Any:
+    concurrency = job.concurrency or app_capacity(kwargs["app"], kwargs["deployment"])
+    if concurrency < 1 or job.batch_size < 1:
+        raise ValueError(f"concurrency ({concurrency}) and batch_size ({job.batch_size}) must be >= 1")
     logger.info(
-        "streaming through app %r: %d requests of %d rows in flight at most", kwargs["app"], concurrency, batch_size
+        "streaming through app %r: %d requests of %d rows in flight at most", kwargs["app"], concurrency, job.batch_size
     )
-    return ds.map_batches(
+    if job.checkpoint is not None:  # a block (what is written and recorded at once): one wave of requests
+        ds = checkpointed(ds, job.checkpoint, job.id_column, rows_per_block=job.batch_size * concurrency)
+    out = ds.map_batches(
         fn,
-        fn_constructor_kwargs={**kwargs, "fail_fast": fail_fast, "max_retries": max_retries},
-        batch_size=batch_size,
+        fn_constructor_kwargs={**kwargs, "fail_fast": job.fail_fast, "max_retries": job.max_retries},
+        batch_size=job.batch_size,
         batch_format="numpy",
-        compute=actor_pool(concurrency, actors),
+        compute=actor_pool(concurrency, job.actors),
         num_cpus=0.1,
     )
+    return out if job.checkpoint is None else checkpointed(out, job.checkpoint, job.id_column)

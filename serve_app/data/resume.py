@@ -1,0 +1,123 @@
+"""Resumable jobs on Ray Data's row-level checkpointing: a job written to files records the ids of the rows it has
+written (``ray.data.checkpoint.CheckpointConfig``); run again with the same checkpoint, it reads only the rows
+whose ids are not recorded, so the output holds every id once.
+
+Ray Data filters rows right after the read and records them at the write, so the id column must come out of the
+reader itself: :func:`read` gives inputs without one a stable id from file and row position
+(``"problems.jsonl:41"``), and :func:`checkpointed` turns checkpointing on for a dataset.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from ray.data.datasource import FileBasedDatasource
+
+logger = logging.getLogger(__name__)
+
+READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+IO_CPUS = 0.25
+"""CPUs each read or write task asks for. Ray Data's default is a whole CPU, which on a small machine
+whose replicas hold most CPUs would never be free: the job would wait forever. These tasks are I/O."""
+
+PENDING_SUFFIX = ".pending.parquet"
+"""Ray Data's name for a block's checkpoint written before its data and not yet committed."""
+
+
+def input_kind(path: str) -> tuple[str, str]:
+    """``(kind, suffix)`` of a file or folder by extension (a folder is JSONL unless it holds Parquet)."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if p.is_dir():
+        suffix = ".parquet" if any(p.glob("*.parquet")) else ".jsonl"
+    kind = READERS.get(suffix)
+    if kind is None:
+        raise ValueError(f"cannot read '{path}': use .jsonl, .json, .parquet or .csv")
+    return kind, suffix
+
+
+def read(path: str, id_column: str | None = None) -> Any:
+    """A Ray Dataset from a file or folder, by extension. With ``id_column``, rows that the files do not already
+    number get that column: ``"<file>:<row>"``, stable across runs (what a checkpoint needs)."""
+    import ray.data
+
+    kind, suffix = input_kind(path)
+    if kind == "json":
+        ds = ray.data.read_json(path, lines=suffix == ".jsonl" or Path(path).is_dir(), num_cpus=IO_CPUS)
+    else:
+        ds = getattr(ray.data, f"read_{kind}")(path, num_cpus=IO_CPUS)
+    if id_column is None or id_column in ds.columns():
+        return ds
+    root = str(Path(path).resolve().parent if Path(path).is_file() else Path(path).resolve())
+    return ray.data.read_datasource(PositionedFiles(path, kind=kind, id_column=id_column, root=root), num_cpus=IO_CPUS)
+
+
+class PositionedFiles(FileBasedDatasource):
+    """JSON(L), CSV or Parquet files with an id column added from each row's file and position in it. A file is
+    read by one task, in order, so the position is the row's line (JSONL) or row (CSV, Parquet) number."""
+
+    def __init__(self, paths: str, *, kind: str, id_column: str, root: str) -> None:
+        super().__init__(paths, file_extensions=[e.lstrip(".") for e, k in READERS.items() if k == kind])
+        self.kind, self.id_column, self.root = kind, id_column, root
+
+    def _read_stream(self, f: Any, path: str) -> Iterator[pa.Table]:
+        name = os.path.relpath(path, self.root)
+        row = 0
+        for table in self._tables(f):
+            ids = pa.array([f"{name}:{i}" for i in range(row, row + table.num_rows)], type=pa.string())
+            row += table.num_rows
+            yield table.append_column(self.id_column, ids)
+
+    def _tables(self, f: Any) -> Iterator[pa.Table]:
+        if self.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(f).iter_batches():
+                yield pa.Table.from_batches([batch])
+        elif self.kind == "csv":
+            import pyarrow.csv as pcsv
+
+            yield pcsv.read_csv(f)
+        else:
+            data = f.readall()
+            if data.lstrip()[:1] == b"[":  # one JSON array rather than one object a line
+                yield pa.Table.from_pylist(json.loads(data))
+            else:
+                import pyarrow.json as pjson
+
+                yield pjson.read_json(io.BytesIO(data))
+
+
+def checkpointed(ds: Any, path: str | Path, id_column: str = "id", rows_per_block: int | None = None) -> Any:
+    """``ds`` with Ray Data's row-level checkpointing at ``path`` (a folder), keyed by ``id_column``: when the
+    dataset is written to files (``write_json``, ``write_parquet``), each written block's ids are recorded, and a
+    later run of the same job with the same ``path`` skips them. ``ds`` must descend from a read (Ray Data filters
+    right after it) with unique ids that every later step keeps; the checkpoint is kept after success, so a rerun
+    writes nothing twice. ``rows_per_block`` cuts the stream into blocks of that many rows: a block is what is
+    written and recorded at once, so it bounds the work a killed job loses."""
+    from ray.data.checkpoint import CheckpointConfig
+
+    if rows_per_block is not None:
+        ds = ds.repartition(target_num_rows_per_block=rows_per_block)
+    ds.context.checkpoint_config = CheckpointConfig(
+        id_column=id_column, checkpoint_path=str(Path(path).resolve()), delete_checkpoint_on_success=False
+    )
+    return ds
+
+
+def checkpointed_rows(path: str | Path, id_column: str = "id") -> int:
+    """How many rows a checkpoint folder records as written (committed blocks only)."""
+    import pyarrow.parquet as pq
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return 0
+    files = [f for f in folder.glob("*.parquet") if not f.name.endswith(PENDING_SUFFIX)]
+    return sum(pq.read_metadata(f).num_rows for f in files)

@@ -1,0 +1,124 @@
+"""Resumable jobs through a local Serve app with the SIMULATED engine: a driver killed part way and run again with
+``--resume`` sends only the unwritten rows to the app, and the output holds every id once; the Python API's
+``checkpoint=`` does the same; inputs without ids get stable ones from file and row position."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from serve_app.sample import write
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.serve
+
+
+@pytest.fixture(scope="module")
+def app(deploy_app):
+    return deploy_app("resume", simulated={"step_s": 0.05}, autoscaling={"target_ongoing_requests": 8})
+
+
+def completed(handle) -> int:
+    """Prompts the (one) replica has answered so far."""
+    return handle.stats.remote().result()["batcher"]["total_completed"]
+
+
+def idle(handle) -> None:
+    """Wait until the replica holds no request (a killed job's last requests still finish there)."""
+
+    async def check() -> bool:
+        return (await handle.stats.remote())["requests"]["ongoing"] == 0
+
+    asyncio.run(wait_for(check, 60, "the replica to finish the killed job's requests"))
+
+
+def written(folder: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(folder.glob("*.json*")) for line in f.read_text().splitlines() if line]
+
+
+def test_a_killed_driver_resumes_with_only_the_unwritten_rows(app, tmp_path):
+    import ray
+
+    from serve_app import driver
+
+    rows = 240
+    data = write(tmp_path / "problems.jsonl", rows=rows)
+    lines = [json.loads(line) for line in data.read_text().splitlines()]
+    data.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "id"}) + "\n" for r in lines))  # no ids
+    out = tmp_path / "out"
+    flags = ["--input", str(data), "--output", str(out), "--app", "resume", "--max-tokens", "4"]
+    flags += ["--concurrency", "2", "--batch-size", "4"]  # blocks of 8 rows: 30 writes
+    address = ray.get_runtime_context().gcs_address
+    first = subprocess.Popen(
+        [sys.executable, "-m", "serve_app.driver", *flags, "--address", address],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while len(written(out)) < 40:  # wait on the output, not on a clock
+            assert first.poll() is None, "the first run ended before it could be killed"
+            assert time.monotonic() < deadline, "the first run wrote nothing in 180 s"
+            time.sleep(0.2)
+    finally:
+        first.kill()
+        first.wait()
+    partial = len(written(out))
+    assert 40 <= partial < rows, partial
+    idle(app)
+    before = completed(app)
+    args = driver.parser().parse_args([*flags, "--resume", "--address", address])
+    summary = driver.run(args)
+    sent = completed(app) - before
+    assert 0 < summary["rows_skipped"] < rows
+    assert sent == rows - summary["rows_skipped"]  # only the rows not recorded as written went to the app
+    got = written(out)
+    ids = [r["id"] for r in got]
+    assert sorted(ids) == sorted(f"problems.jsonl:{i}" for i in range(rows))  # every row, each once
+    assert summary["rows_in"] == summary["rows_out"] == rows and summary["duplicate_ids"] == 0
+    assert all(r["error"] is None and r["output_tokens"] == 4 for r in got)
+    again = driver.run(args)  # a finished job resumed: nothing left to send, nothing written twice
+    assert again["rows_skipped"] == rows and again["rows_out"] == rows and again["duplicate_ids"] == 0
+
+
+def test_python_api_checkpoint_skips_rows_already_written(app, tmp_path):
+    from serve_app.data import generate
+    from serve_app.data.resume import read
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"row {i}"}) + "\n" for i in range(30)))
+    out, checkpoint = tmp_path / "out", tmp_path / "ckpt"
+
+    def job() -> None:
+        ds = read(str(data), id_column="id")
+        generate(ds, app="resume", concurrency=2, batch_size=5, max_tokens=2, checkpoint=checkpoint).write_json(
+            str(out), mode="append"
+        )
+
+    job()
+    first = written(out)
+    assert sorted(r["id"] for r in first) == sorted(f"rows.jsonl:{i}" for i in range(30))
+    assert all(r["text"] == f"[simulated] row {r['id'].split(':')[1]}" for r in first)  # each row its own answer
+    before = completed(app)
+    job()
+    assert completed(app) == before  # every id was recorded: nothing sent again
+    assert len(written(out)) == 30
+
+
+def test_resume_refuses_what_it_cannot_resume(app, tmp_path):
+    from serve_app import driver
+
+    data = write(tmp_path / "problems.jsonl", rows=5)
+    out = tmp_path / "out"
+    out.mkdir()
+    base = ["--input", str(data), "--output", str(out), "--app", "resume"]
+    with pytest.raises(ValueError, match="nothing to resume"):
+        driver.run(driver.parser().parse_args([*base, "--resume"]))
+    with pytest.raises(ValueError, match="--limit cannot be resumed"):
+        driver.run(driver.parser().parse_args([*base, "--resume", "--limit", "2"]))
