@@ -3,6 +3,7 @@
     python -m serve_app.driver --input data/problems.jsonl --output out/ [--app llm] [--concurrency N]
         [--prompt-column prompt] [--id-column id] [--limit K] [--format jsonl|parquet] [--max-tokens 64]
         [--resume] [--checkpoint DIR]
+    python -m serve_app.driver --openai-batch requests.jsonl --output results.jsonl [--resume]
     python -m serve_app.driver --task embed --input docs.parquet --output vectors/ --format parquet
         [--text-column text] [--app embeddings]
 
@@ -104,9 +105,36 @@ def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate", i
     }
 
 
+def run_openai_batch(args: argparse.Namespace) -> dict[str, Any]:
+    """Answer an OpenAI Batch file through the apps; the summary."""
+    from .data.batch_files import run_batch_file
+    from .data.jobs import app_capacity
+
+    if args.limit:
+        raise ValueError("--limit does not apply to --openai-batch")
+    app = args.app or "llm"
+    concurrency = args.concurrency or app_capacity(app)
+    started = time.monotonic()
+    summary = run_batch_file(
+        args.openai_batch,
+        args.output,
+        llm_app=app,
+        embeddings_app=args.embeddings_app,
+        concurrency=concurrency,
+        batch_size=args.batch_size or 8,
+        resume=args.resume,
+    )
+    return {**summary, "wall_s": round(time.monotonic() - started, 2)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Stream the input through the app, write the output, and return the summary."""
     from .data import embed, generate
+
+    if args.openai_batch:
+        return run_openai_batch(args)
+    if not args.input:
+        raise ValueError("name the input: --input FILE, or --openai-batch FILE")
 
     embedding = args.task == "embed"
     app = args.app or ("embeddings" if embedding else "llm")
@@ -167,11 +195,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m serve_app.driver", description=__doc__.splitlines()[0])
-    p.add_argument("--input", required=True, help="a .jsonl, .json, .parquet or .csv file (or folder)")
-    p.add_argument("--output", required=True, help="the output folder")
+    p.add_argument("--input", help="a .jsonl, .json, .parquet or .csv file (or folder)")
+    p.add_argument("--openai-batch", metavar="FILE", help="an OpenAI Batch request file (instead of --input)")
+    p.add_argument("--output", required=True, help="the output folder (with --openai-batch: the output file)")
     p.add_argument("--task", choices=["generate", "embed"], default="generate")
     p.add_argument("--app", default=None, help="the Serve application name (default: llm, or embeddings)")
     p.add_argument("--deployment", default=None, help="default: LLMServer, or EmbeddingServer")
+    p.add_argument("--embeddings-app", default="embeddings", help="--openai-batch: the app for /v1/embeddings")
     p.add_argument("--concurrency", type=int, default=None, help="requests in flight (default: what the app absorbs)")
     p.add_argument("--batch-size", type=int, default=None, help="rows per request (default: 8, or 64 for embed)")
     p.add_argument("--prompt-column", default="prompt")
@@ -210,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2))
-    ok = summary["rows_in"] == summary["rows_out"] and not summary["duplicate_ids"]
+    rows_in, rows_out = ("lines_in", "lines_out") if args.openai_batch else ("rows_in", "rows_out")
+    ok = summary[rows_in] == summary[rows_out] and not summary["duplicate_ids"]
     return 0 if ok else 1
 
 

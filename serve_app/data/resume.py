@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from ray.data.datasource import FileBasedDatasource
 
 logger = logging.getLogger(__name__)
@@ -55,16 +56,26 @@ def read(path: str, id_column: str | None = None) -> Any:
         ds = getattr(ray.data, f"read_{kind}")(path, num_cpus=IO_CPUS)
     if id_column is None or id_column in ds.columns():
         return ds
+    return positioned(path, kind, id_column)
+
+
+def positioned(path: str, kind: str, id_column: str) -> Any:
+    """A Ray Dataset of ``kind`` files (``json``, ``csv``, ``parquet``, or ``text``: one row a non-blank line, in
+    column ``text``) with ``id_column`` set to ``"<file>:<row>"``."""
+    import ray.data
+
     root = str(Path(path).resolve().parent if Path(path).is_file() else Path(path).resolve())
     return ray.data.read_datasource(PositionedFiles(path, kind=kind, id_column=id_column, root=root), num_cpus=IO_CPUS)
 
 
 class PositionedFiles(FileBasedDatasource):
-    """JSON(L), CSV or Parquet files with an id column added from each row's file and position in it. A file is
-    read by one task, in order, so the position is the row's line (JSONL) or row (CSV, Parquet) number."""
+    """JSON(L), CSV, Parquet or text files with an id column added from each row's file and position in it. A
+    file is read by one task, in order, so the position is the row's line (JSONL, text) or row (CSV, Parquet)
+    number, counted from 0."""
 
     def __init__(self, paths: str, *, kind: str, id_column: str, root: str) -> None:
-        super().__init__(paths, file_extensions=[e.lstrip(".") for e, k in READERS.items() if k == kind])
+        extensions = [e.lstrip(".") for e, k in READERS.items() if k == kind] or None
+        super().__init__(paths, file_extensions=extensions)
         self.kind, self.id_column, self.root = kind, id_column, root
 
     def _read_stream(self, f: Any, path: str) -> Iterator[pa.Table]:
@@ -73,7 +84,10 @@ class PositionedFiles(FileBasedDatasource):
         for table in self._tables(f):
             ids = pa.array([f"{name}:{i}" for i in range(row, row + table.num_rows)], type=pa.string())
             row += table.num_rows
-            yield table.append_column(self.id_column, ids)
+            table = table.append_column(self.id_column, ids)
+            if self.kind == "text":  # blank lines keep their numbers but are no rows
+                table = table.filter(pc.not_equal(pc.utf8_trim_whitespace(table["text"]), ""))
+            yield table
 
     def _tables(self, f: Any) -> Iterator[pa.Table]:
         if self.kind == "parquet":
@@ -81,6 +95,9 @@ class PositionedFiles(FileBasedDatasource):
 
             for batch in pq.ParquetFile(f).iter_batches():
                 yield pa.Table.from_batches([batch])
+        elif self.kind == "text":
+            lines = [line.rstrip("\r") for line in f.readall().decode("utf-8", errors="replace").split("\n")]
+            yield pa.table({"text": pa.array(lines, type=pa.string())})
         elif self.kind == "csv":
             import pyarrow.csv as pcsv
 
