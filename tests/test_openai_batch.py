@@ -37,9 +37,10 @@ def served(serve_instance, deploy_app):
 
 
 def good_lines() -> list[dict]:
-    """Requests over the three routes, with fields each route takes (greedy, so answers repeat)."""
+    """494 requests over the three routes, with fields each route takes (greedy, so answers repeat), and two the
+    routes themselves refuse."""
     lines = []
-    for i in range(12):
+    for i in range(164):
         chat = {"messages": [{"role": "user", "content": f"question {i} about batches"}], "max_tokens": 3 + i % 3}
         if i % 4 == 1:
             chat |= {"temperature": 0, "stop": ["zzz"], "n": 2, "user": "tenant-a", "priority": 2}
@@ -48,13 +49,11 @@ def good_lines() -> list[dict]:
         if i % 3 == 0:
             completion |= {"echo": True, "logit_bias": {"5": 1.0}, "seed": 7}
         lines.append({"url": COMPLETIONS, "body": completion})
-    for i in range(6):
         texts = [f"text {i}", "another text"] if i % 2 else f"one text {i}"
-        body = {"input": texts} | ({"encoding_format": "base64"} if i == 3 else {})
-        lines.append({"url": EMBEDDINGS, "body": body})
-    lines.append({"url": CHAT, "body": {"messages": [], "max_tokens": -1}})  # refused by the route itself
-    lines.append({"url": COMPLETIONS, "body": {"prompt": "x", "unknown_field": 1}})
-    return [{"custom_id": f"req-{n}", "method": "POST", **line} for n, line in enumerate(lines)]
+        lines.append({"url": EMBEDDINGS, "body": {"input": texts} | ({"encoding_format": "base64"} if i % 5 else {})})
+    lines = [{"custom_id": f"req-{n}", "method": "POST", **line} for n, line in enumerate(lines)]
+    refused = {"refused-chat": (CHAT, {"messages": [], "max_tokens": -1}), "refused-field": (COMPLETIONS, {"x": 1})}
+    return lines + [{"custom_id": c, "method": "POST", "url": u, "body": b} for c, (u, b) in refused.items()]
 
 
 BAD = [
@@ -81,7 +80,7 @@ def comparable(body: dict, approx: bool = False) -> dict:
     return out
 
 
-def test_openai_batch_file_answers_every_line_as_the_http_routes_do(served, tmp_path):
+def test_a_500_line_batch_file_is_answered_line_for_line_as_the_http_routes_answer(served, tmp_path):
     from serve_app import driver
 
     good = good_lines()
@@ -98,7 +97,8 @@ def test_openai_batch_file_answers_every_line_as_the_http_routes_do(served, tmp_
     answered = [json.loads(line) for line in out.read_text().splitlines()]
     numbered = [f"requests.jsonl:{n}" for n, text in enumerate(texts) if text]
     assert [a["id"] for a in answered] == numbered  # one line out per request line, in input order
-    assert summary["lines_in"] == summary["lines_out"] == len(good) + len(BAD) and summary["duplicate_ids"] == 0
+    assert summary["lines_in"] == summary["lines_out"] == len(good) + len(BAD) == 500
+    assert summary["duplicate_ids"] == 0
 
     by_custom = {a["custom_id"]: a for a in answered}
     with httpx.Client(base_url=served, timeout=120) as http:
@@ -108,7 +108,7 @@ def test_openai_batch_file_answers_every_line_as_the_http_routes_do(served, tmp_
             assert got["status_code"] == direct.status_code, line
             assert comparable(got["body"]) == comparable(direct.json(), approx=True), line  # the route's very answer
             assert got["request_id"]
-    for refused in ("req-30", "req-31"):  # the routes' own refusals, passed through (compared above)
+    for refused in ("refused-chat", "refused-field"):  # the routes' own refusals, passed through (compared above)
         assert by_custom[refused]["response"]["status_code"] >= 400
         assert by_custom[refused]["error"] == by_custom[refused]["response"]["body"]["error"]
     assert sum(a["response"]["status_code"] == 200 for a in answered) == len(good) - 2

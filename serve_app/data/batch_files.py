@@ -25,6 +25,7 @@ import pyarrow as pa
 from ray.data.datasource import BlockBasedFileDatasink
 
 from ..errors import ERROR_TABLE, error_body, exception_body, validation_error
+from .jobs import Retries, actor_pool
 from .resume import IO_CPUS, checkpointed, checkpointed_rows, positioned
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class OpenAIBatchLines:
         self.apps = apps
         self.handles: dict[str, Any] = {}
         self.line_model, self.output_model = batch_models()
-        self.max_retries, self.backoff_s, self.timeout_s = max_retries, backoff_s, timeout_s
+        self.retries = Retries(max_retries, backoff_s, timeout_s)
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         ids = [str(i) for i in batch["id"]]
@@ -105,22 +106,16 @@ class OpenAIBatchLines:
         return self.output(row_id, request.custom_id, status, body, error)
 
     async def send(self, app: str, url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """The app's answer, sent again while it is retryable."""
-        from .jobs import retryable
-
-        for attempt in range(self.max_retries + 1):
-            try:
-                answer = await asyncio.wait_for(self.handle(app).openai.remote(url, body), timeout=self.timeout_s)
-                status, answered = answer["status_code"], answer["body"]
-                if status not in RETRY_STATUSES or attempt == self.max_retries:
-                    return status, answered
-            except Exception as exc:
-                if not retryable(exc) or attempt == self.max_retries:
-                    kind, envelope = exception_body(getattr(exc, "cause", None) or exc)
-                    logger.warning("giving up on a %s line after %d attempts: %r", url, attempt + 1, exc)
-                    return kind.status, envelope
-            await asyncio.sleep(self.backoff_s * 2**attempt)
-        raise AssertionError("unreachable")  # pragma: no cover
+        """The app's answer, sent again while it is retryable (a failure, or a status the error table retries)."""
+        try:
+            answer = await self.retries.call(
+                lambda: self.handle(app).openai.remote(url, body), again=lambda a: a["status_code"] in RETRY_STATUSES
+            )
+        except Exception as exc:
+            kind, envelope = exception_body(getattr(exc, "cause", None) or exc)
+            logger.warning("giving up on a %s line: %r", url, exc)
+            return kind.status, envelope
+        return answer["status_code"], answer["body"]
 
     def handle(self, app: str) -> Any:
         if app not in self.handles:
@@ -184,8 +179,6 @@ def run_batch_file(
     lines_in = ds.count()
     calls = max(1, math.ceil(concurrency / batch_size))
     ds = checkpointed(ds, checkpoint, "id", rows_per_block=batch_size * calls)
-    from .jobs import actor_pool
-
     apps = {"llm": (llm_app, "LLMServer"), "embeddings": (embeddings_app, "EmbeddingServer")}
     out = ds.map_batches(
         OpenAIBatchLines,

@@ -15,10 +15,10 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,8 @@ from .resume import checkpointed
 from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, rows_out, texts
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_BATCH_SIZE = 8
 EMBED_BATCH_SIZE = 64
@@ -58,6 +60,36 @@ def retryable(exc: BaseException) -> bool:
         TimeoutError,
     )
     return classify(cause).retry or isinstance(cause, ray_transient) or isinstance(exc, ray_transient)
+
+
+@dataclass(frozen=True)
+class Retries:
+    """How a job's handle calls are retried: at most ``max_retries`` times, with exponential backoff from
+    ``backoff_s`` (jittered), each call given ``timeout_s`` (then it counts as retryable)."""
+
+    max_retries: int = 6
+    backoff_s: float = 0.5
+    timeout_s: float = 600.0
+
+    async def call(self, send: Callable[[], Awaitable[T]], again: Callable[[T], bool] = lambda _: False) -> T:
+        """``send()``'s answer, sent again while it fails retryably or ``again(answer)`` says the answer asks for
+        it; once the retries are spent, the last answer, or the last failure raised."""
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                answer = await asyncio.wait_for(send(), timeout=self.timeout_s)
+            except Exception as exc:
+                if last or not retryable(exc):
+                    raise
+                why = type(exc).__name__
+            else:
+                if last or not again(answer):
+                    return answer
+                why = "a retryable answer"
+            delay = self.backoff_s * 2**attempt * (0.5 + random.random())
+            logger.info("retryable failure (%s); retry %d in %.1f s", why, attempt + 1, delay)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 class _ServeRows:
@@ -94,10 +126,8 @@ class _ServeRows:
         self.call = getattr(serve.get_deployment_handle(deployment, app_name=app), self.method)
         self.column = column
         self.options = dict(options or {})
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
+        self.retries = Retries(max_retries, backoff_s, timeout_s)
         self.fail_fast = fail_fast
-        self.timeout_s = timeout_s
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> Any:
         results = await self._results(texts(batch, self.column))
@@ -109,21 +139,15 @@ class _ServeRows:
 
     async def _results(self, values: list[str]) -> list[dict[str, Any]]:
         """One result per value; the call retried while its failure is retryable."""
-        for attempt in range(self.max_retries + 1):
-            try:
-                return await asyncio.wait_for(self.call.remote(values, **self.options), timeout=self.timeout_s)
-            except Exception as exc:
-                cause = getattr(exc, "cause", None) or exc
-                if isinstance(cause, ValueError):  # the job's own arguments are bad: every row says so
-                    return [type(self).error_row(f"invalid: {cause}") for _ in values]
-                if not retryable(exc) or attempt == self.max_retries:
-                    message = f"{type(cause).__name__}: {cause}"
-                    logger.warning("giving up on %d rows after %d attempts: %s", len(values), attempt + 1, message)
-                    return [type(self).error_row(message) for _ in values]
-                delay = self.backoff_s * 2**attempt * (0.5 + random.random())
-                logger.info("retryable failure (%s); retry %d in %.1f s", type(exc).__name__, attempt + 1, delay)
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            return await self.retries.call(lambda: self.call.remote(values, **self.options))
+        except Exception as exc:
+            cause = getattr(exc, "cause", None) or exc
+            if isinstance(cause, ValueError):  # the job's own arguments are bad: every row says so
+                return [type(self).error_row(f"invalid: {cause}") for _ in values]
+            message = f"{type(cause).__name__}: {cause}"
+            logger.warning("giving up on %d rows: %s", len(values), message)
+            return [type(self).error_row(message) for _ in values]
 
 
 class ServeGenerate(_ServeRows):
