@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import DATA_PRIORITY
+from .data.progress import JobProgress
 from .data.resume import IO_CPUS, checkpointed_rows, read
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ def run_openai_batch(args: argparse.Namespace) -> dict[str, Any]:
         concurrency=concurrency,
         batch_size=args.batch_size or 8,
         resume=args.resume,
+        progress_s=args.progress_s,
     )
     return {**summary, "wall_s": round(time.monotonic() - started, 2)}
 
@@ -157,7 +159,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows_in = ds.count()
     before = replica_stats(app, deployment)
     common = {"app": app, "deployment": deployment, "concurrency": args.concurrency, "fail_fast": args.fail_fast}
-    common |= {"checkpoint": checkpoint, "id_column": args.id_column}
+    progress = JobProgress(rows_in - skipped, args.progress_s, "tokens/s" if embedding else "output tok/s")
+    common |= {"checkpoint": checkpoint, "id_column": args.id_column, "progress": progress.counter}
     if embedding:
         out = embed(ds, text_column=column, batch_size=args.batch_size or 64, **common)
     else:
@@ -167,7 +170,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     write = out.write_parquet if args.format == "parquet" else out.write_json
     mode = "append" if args.resume else "overwrite"  # a fresh run replaces the last output
-    write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode=mode)
+    with progress:
+        write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode=mode)
     wall = time.monotonic() - started
     result = summarize(args.output, args.format, "answer" in columns and not embedding, args.task, args.id_column)
     after = replica_stats(app, deployment)
@@ -186,6 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         summary["output_tokens"] = result["tokens"]
         summary["output_tokens_per_s"] = round(result["tokens"] / wall, 1) if wall else 0.0
+    summary["progress"] = progress.lines[-1] if progress.lines else None
     summary["batching"] = batch_summary(before, after)
     summary["output"] = str(args.output)
     if "answer" in columns and not embedding:
@@ -217,6 +222,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tenant", default=None, help="whose fair share the job counts against (default: this job)")
     p.add_argument("--fail-fast", action="store_true", help="fail the job on the first failed row")
+    p.add_argument("--progress-s", type=float, default=10.0, help="log rows done, tok/s, ETA, errors this often")
     p.add_argument("--address", default="auto", help="the Ray cluster running the app")
     return p
 

@@ -26,6 +26,7 @@ from ray.data.datasource import BlockBasedFileDatasink
 
 from ..errors import ERROR_TABLE, error_body, exception_body, validation_error
 from .jobs import Retries, actor_pool
+from .progress import JobProgress, report
 from .resume import IO_CPUS, checkpointed, checkpointed_rows, positioned
 
 logger = logging.getLogger(__name__)
@@ -75,8 +76,9 @@ class OpenAIBatchLines:
         max_retries: int = 6,
         backoff_s: float = 0.5,
         timeout_s: float = 600.0,
+        progress: Any = None,
     ) -> None:
-        self.apps = apps
+        self.apps, self.progress = apps, progress
         self.handles: dict[str, Any] = {}
         self.line_model, self.output_model = batch_models()
         self.retries = Retries(max_retries, backoff_s, timeout_s)
@@ -84,6 +86,7 @@ class OpenAIBatchLines:
     async def __call__(self, batch: dict[str, np.ndarray]) -> pa.Table:
         ids = [str(i) for i in batch["id"]]
         lines = await asyncio.gather(*(self.answer(i, str(t)) for i, t in zip(ids, batch["text"])))
+        report(self.progress, [summary(json.loads(line)) for line in lines], "tokens")
         return pa.table({"id": pa.array(ids, pa.string()), "line": pa.array(lines, pa.string())})
 
     async def answer(self, row_id: str, text: str) -> str:
@@ -135,6 +138,15 @@ class OpenAIBatchLines:
         return json.dumps(self.output_model.model_validate(fields).model_dump(mode="json"), ensure_ascii=False)
 
 
+def summary(line: dict[str, Any]) -> dict[str, Any]:
+    """An output line as progress counts it: its output tokens (completion tokens, or embedded tokens) and
+    whether it failed."""
+    body = line["response"]["body"] or {}
+    usage = body.get("usage") or {}
+    tokens = usage.get("completion_tokens", usage.get("prompt_tokens", 0))
+    return {"tokens": tokens, "error": line["error"]}
+
+
 def custom_id(text: str) -> str | None:
     """The ``custom_id`` of a line that is not a valid request, when it has a string one."""
     try:
@@ -165,10 +177,12 @@ def run_batch_file(
     concurrency: int = 64,
     batch_size: int = 8,
     resume: bool = False,
+    progress_s: float = 10.0,
 ) -> dict[str, Any]:
     """Answer an OpenAI Batch file into ``output`` (one output line per request line, in input order) and return
     a summary. Parts and the checkpoint live beside ``output`` (``.parts``, ``.checkpoint``) until the job is run
-    afresh; ``resume`` keeps them and sends only the lines not yet written."""
+    afresh; ``resume`` keeps them and sends only the lines not yet written. Progress is logged every
+    ``progress_s``."""
     requests, output = Path(requests), Path(output)
     parts, checkpoint = Path(f"{output}.parts"), Path(f"{output}.checkpoint")
     if not resume:
@@ -180,17 +194,19 @@ def run_batch_file(
     calls = max(1, math.ceil(concurrency / batch_size))
     ds = checkpointed(ds, checkpoint, "id", rows_per_block=batch_size * calls)
     apps = {"llm": (llm_app, "LLMServer"), "embeddings": (embeddings_app, "EmbeddingServer")}
+    progress = JobProgress(lines_in - skipped, progress_s, "tok/s (output + embedded)")
     out = ds.map_batches(
         OpenAIBatchLines,
-        fn_constructor_kwargs={"apps": apps},
+        fn_constructor_kwargs={"apps": apps, "progress": progress.counter},
         batch_size=batch_size,
         batch_format="numpy",
         compute=actor_pool(calls),
         num_cpus=0.1,
     )
-    checkpointed(out, checkpoint, "id").write_datasink(
-        LinesDatasink(str(parts), mode="append"), ray_remote_args={"num_cpus": IO_CPUS}
-    )
+    with progress:
+        checkpointed(out, checkpoint, "id").write_datasink(
+            LinesDatasink(str(parts), mode="append"), ray_remote_args={"num_cpus": IO_CPUS}
+        )
     return assemble(parts, output, lines_in, skipped)
 
 

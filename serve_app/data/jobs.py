@@ -26,6 +26,7 @@ from ..config import DATA_PRIORITY
 from ..core.embedder import error_row as embed_error_row
 from ..core.generator import error_row as generate_error_row
 from ..errors import classify
+from .progress import report
 from .resume import checkpointed
 from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, rows_out, texts
 
@@ -104,10 +105,12 @@ class _ServeRows:
         max_retries: retries of a retryable failure, with exponential backoff from ``backoff_s``.
         fail_fast: raise on the first failed row instead of writing an error value into it.
         timeout_s: the longest one request may take (then it counts as retryable).
+        progress: a :mod:`~serve_app.data.progress` counter actor told of every finished batch, or None.
     """
 
     method: ClassVar[str]
     columns: ClassVar[dict[str, Any]]
+    tokens_key: ClassVar[str]
     error_row: ClassVar[Callable[[str], dict[str, Any]]]
 
     def __init__(
@@ -120,6 +123,7 @@ class _ServeRows:
         backoff_s: float = 0.5,
         fail_fast: bool = False,
         timeout_s: float = 600.0,
+        progress: Any = None,
     ) -> None:
         from ray import serve
 
@@ -128,9 +132,11 @@ class _ServeRows:
         self.options = dict(options or {})
         self.retries = Retries(max_retries, backoff_s, timeout_s)
         self.fail_fast = fail_fast
+        self.progress = progress
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> Any:
         results = await self._results(texts(batch, self.column))
+        report(self.progress, results, self.tokens_key)
         if self.fail_fast:
             for result in results:
                 if result["error"] is not None:
@@ -155,6 +161,7 @@ class ServeGenerate(_ServeRows):
     for the arguments (``prompt_column`` and ``sampling`` name two of them here)."""
 
     method: ClassVar[str] = "generate_batch"
+    tokens_key: ClassVar[str] = "output_tokens"
     columns: ClassVar[dict[str, Any]] = GENERATE_COLUMNS
     error_row = staticmethod(generate_error_row)
 
@@ -174,6 +181,7 @@ class ServeEmbed(_ServeRows):
     where the row failed), ``tokens`` and ``error``. See :class:`_ServeRows` for the arguments."""
 
     method: ClassVar[str] = "embed_batch"
+    tokens_key: ClassVar[str] = "tokens"
     columns: ClassVar[dict[str, Any]] = EMBED_COLUMNS
     error_row = staticmethod(embed_error_row)
 
@@ -233,15 +241,18 @@ def generate(
     tenant: str | None = None,
     checkpoint: str | Path | None = None,
     id_column: str = "id",
+    progress: Any = None,
     **sampling: Any,
 ) -> Any:
     """Stream ``ds`` through the generation app: each row gains ``text``, ``prompt_tokens``, ``output_tokens``,
     ``finish_reason`` and ``error``. Its requests go at ``priority`` (after interactive ones) and count against
     ``tenant``'s fair share (default: this job). With ``checkpoint`` (a folder), writing the result to files
     records each written row's ``id_column`` there, and the same job run again skips those rows
-    (:func:`~serve_app.data.resume.checkpointed`). Returns a lazy Dataset."""
+    (:func:`~serve_app.data.resume.checkpointed`). ``progress`` (a :mod:`~serve_app.data.progress` counter
+    actor) is told of every finished batch. Returns a lazy Dataset."""
     options = {**sampling, "priority": priority, "tenant": tenant or job_tenant()}
     kwargs = {"app": app, "deployment": deployment, "prompt_column": prompt_column, "sampling": options}
+    kwargs["progress"] = progress
     job = Job(concurrency, batch_size, actors, fail_fast, max_retries, checkpoint, id_column)
     return _through_app(ds, ServeGenerate, kwargs, job)
 
@@ -260,10 +271,11 @@ def embed(
     truncate_prompt_tokens: int | None = None,
     checkpoint: str | Path | None = None,
     id_column: str = "id",
+    progress: Any = None,
 ) -> Any:
     """Stream ``ds`` through the embedding app: each row gains ``embedding``, ``tokens`` and ``error``;
-    ``checkpoint`` and ``id_column`` as for :func:`generate`. Returns a lazy Dataset."""
-    kwargs = {"app": app, "deployment": deployment, "text_column": text_column}
+    ``checkpoint``, ``id_column`` and ``progress`` as for :func:`generate`. Returns a lazy Dataset."""
+    kwargs = {"app": app, "deployment": deployment, "text_column": text_column, "progress": progress}
     kwargs["truncate_prompt_tokens"] = truncate_prompt_tokens
     job = Job(concurrency, batch_size, actors, fail_fast, max_retries, checkpoint, id_column)
     return _through_app(ds, ServeEmbed, kwargs, job)
