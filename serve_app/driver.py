@@ -35,9 +35,9 @@ logger = logging.getLogger(__name__)
 
 def replica_stats(app: str, deployment: str, probes: int = 24) -> dict[str, dict[str, Any]]:
     """The batch statistics of each replica that answers ``probes`` stats calls, by replica id."""
-    from ray import serve
+    from .data.jobs import app_handle
 
-    handle = serve.get_deployment_handle(deployment, app_name=app)
+    handle = app_handle(app, deployment)
     seen: dict[str, dict[str, Any]] = {}
     for _ in range(probes):
         info = handle.stats.remote().result(timeout_s=60)

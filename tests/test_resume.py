@@ -122,3 +122,5 @@ def test_resume_refuses_what_it_cannot_resume(app, tmp_path):
         driver.run(driver.parser().parse_args([*base, "--resume"]))
     with pytest.raises(ValueError, match="--limit cannot be resumed"):
         driver.run(driver.parser().parse_args([*base, "--resume", "--limit", "2"]))
+    with pytest.raises(ValueError, match="no deployment 'LLMServer' in a Serve app 'nope'"):
+        driver.run(driver.parser().parse_args([*base[:3], str(tmp_path / "o2"), "--app", "nope"]))

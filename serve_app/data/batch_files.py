@@ -25,7 +25,7 @@ import pyarrow as pa
 from ray.data.datasource import BlockBasedFileDatasink
 
 from ..errors import ERROR_TABLE, error_body, exception_body, validation_error
-from .jobs import Retries, actor_pool
+from .jobs import Retries, actor_pool, app_handle
 from .progress import JobProgress, report
 from .resume import IO_CPUS, checkpointed, checkpointed_rows, positioned
 
@@ -122,10 +122,7 @@ class OpenAIBatchLines:
 
     def handle(self, app: str) -> Any:
         if app not in self.handles:
-            from ray import serve
-
-            name, deployment = self.apps[app]
-            self.handles[app] = serve.get_deployment_handle(deployment, app_name=name)
+            self.handles[app] = app_handle(*self.apps[app])
         return self.handles[app]
 
     def refused(self, row_id: str, custom: str | None, message: str, param: str) -> str:
@@ -204,9 +201,7 @@ def run_batch_file(
         num_cpus=0.1,
     )
     with progress:
-        checkpointed(out, checkpoint, "id").write_datasink(
-            LinesDatasink(str(parts), mode="append"), ray_remote_args={"num_cpus": IO_CPUS}
-        )
+        out.write_datasink(LinesDatasink(str(parts), mode="append"), ray_remote_args={"num_cpus": IO_CPUS})
     return assemble(parts, output, lines_in, skipped)
 
 

@@ -125,9 +125,7 @@ class _ServeRows:
         timeout_s: float = 600.0,
         progress: Any = None,
     ) -> None:
-        from ray import serve
-
-        self.call = getattr(serve.get_deployment_handle(deployment, app_name=app), self.method)
+        self.call = getattr(app_handle(app, deployment), self.method)
         self.column = column
         self.options = dict(options or {})
         self.retries = Retries(max_retries, backoff_s, timeout_s)
@@ -196,11 +194,20 @@ class ServeEmbed(_ServeRows):
         super().__init__(app, deployment, text_column, {"truncate_prompt_tokens": truncate_prompt_tokens}, **options)
 
 
-def app_capacity(app: str = "llm", deployment: str = "LLMServer") -> int:
-    """Requests the app's autoscaling absorbs: max replicas x target ongoing requests (from a replica)."""
+def app_handle(app: str, deployment: str) -> Any:
+    """The handle of ``deployment`` in the running Serve app ``app``; a ``ValueError`` naming them if there is none."""
     from ray import serve
 
-    info = serve.get_deployment_handle(deployment, app_name=app).stats.remote().result(timeout_s=60)
+    try:
+        return serve.get_deployment_handle(deployment, app_name=app)
+    except KeyError:
+        running = sorted(serve.status().applications)
+        raise ValueError(f"no deployment {deployment!r} in a Serve app {app!r} (apps running: {running})") from None
+
+
+def app_capacity(app: str = "llm", deployment: str = "LLMServer") -> int:
+    """Requests the app's autoscaling absorbs: max replicas x target ongoing requests (from a replica)."""
+    info = app_handle(app, deployment).stats.remote().result(timeout_s=60)
     scaling = info["autoscaling"]
     return max(1, int(scaling["max_replicas"] * scaling["target_ongoing_requests"]))
 
@@ -304,7 +311,7 @@ def _through_app(ds: Any, fn: type, kwargs: dict[str, Any], job: Job) -> Any:
     )
     if job.checkpoint is not None:  # a block (what is written and recorded at once): one wave of requests
         ds = checkpointed(ds, job.checkpoint, job.id_column, rows_per_block=job.batch_size * concurrency)
-    out = ds.map_batches(
+    return ds.map_batches(  # derived datasets share ds's context, so its checkpoint settings too
         fn,
         fn_constructor_kwargs={**kwargs, "fail_fast": job.fail_fast, "max_retries": job.max_retries},
         batch_size=job.batch_size,
@@ -312,4 +319,3 @@ def _through_app(ds: Any, fn: type, kwargs: dict[str, Any], job: Job) -> Any:
         compute=actor_pool(concurrency, job.actors),
         num_cpus=0.1,
     )
-    return out if job.checkpoint is None else checkpointed(out, job.checkpoint, job.id_column)

@@ -117,7 +117,8 @@ def checkpointed(ds: Any, path: str | Path, id_column: str = "id", rows_per_bloc
     dataset is written to files (``write_json``, ``write_parquet``), each written block's ids are recorded, and a
     later run of the same job with the same ``path`` skips them. ``ds`` must descend from a read (Ray Data filters
     right after it) with unique ids that every later step keeps; the checkpoint is kept after success, so a rerun
-    writes nothing twice. ``rows_per_block`` cuts the stream into blocks of that many rows: a block is what is
+    writes nothing twice. Datasets derived from the one returned (``map_batches`` ...) share its settings.
+    ``rows_per_block`` cuts the stream into blocks of that many rows: a block is what is
     written and recorded at once, so it bounds the work a killed job loses."""
     from ray.data.checkpoint import CheckpointConfig
 
