@@ -124,3 +124,66 @@ def test_resume_refuses_what_it_cannot_resume(app, tmp_path):
         driver.run(driver.parser().parse_args([*base, "--resume", "--limit", "2"]))
     with pytest.raises(ValueError, match="no deployment 'LLMServer' in a Serve app 'nope'"):
         driver.run(driver.parser().parse_args([*base[:3], str(tmp_path / "o2"), "--app", "nope"]))
+
+
+def test_rows_without_ids_are_numbered_by_file_and_position_in_every_format(serve_instance, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from serve_app.data import read
+    from serve_app.data.resume import positioned
+
+    rows = [{"prompt": f"p{i}", "n": i} for i in range(5)]
+    (tmp_path / "a.json").write_text(json.dumps(rows))  # one JSON array
+    (tmp_path / "b.csv").write_text("prompt,n\n" + "".join(f"p{i},{i}\n" for i in range(5)))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet", row_group_size=2)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for name in ("x.jsonl", "y.jsonl"):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for path, names in ((tmp_path / "a.json", ["a.json"]), (tmp_path / "b.csv", ["b.csv"])):
+        got = sorted(read(str(path), id_column="id").take_all(), key=lambda r: r["n"])
+        assert [(r["id"], r["prompt"]) for r in got] == [(f"{names[0]}:{i}", f"p{i}") for i in range(5)]
+    got = read(str(tmp_path / "c.parquet"), id_column="id").take_all()
+    assert sorted((r["id"], r["n"]) for r in got) == [(f"c.parquet:{i}", i) for i in range(5)]  # across row groups
+    got = read(str(folder), id_column="id").take_all()
+    assert sorted((r["id"], r["prompt"]) for r in got) == sorted(
+        (f"{f}:{i}", f"p{i}") for f in ("x.jsonl", "y.jsonl") for i in range(5)
+    )
+    kept = [{"id": 7, "prompt": "has its own id"}]
+    (tmp_path / "own.jsonl").write_text(json.dumps(kept[0]) + "\n")
+    assert read(str(tmp_path / "own.jsonl"), id_column="id").take_all() == kept  # an id column is left as it is
+    (tmp_path / "lines.txt").write_text("first\n\n  \nfourth\r\nfifth \u2028 still fifth")
+    got = positioned(str(tmp_path / "lines.txt"), kind="text", id_column="id").take_all()
+    assert [(r["id"], r["text"]) for r in got] == [
+        ("lines.txt:0", "first"),
+        ("lines.txt:3", "fourth"),  # blank lines are no rows, but keep their numbers
+        ("lines.txt:4", "fifth \u2028 still fifth"),  # only a newline ends a line
+    ]
+
+
+def test_in_process_jobs_resume_with_checkpointed(serve_instance, tmp_path):
+    import ray.data
+
+    from serve_app.data import InProcessGenerate, checkpointed, read
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"row {i}"}) + "\n" for i in range(12)))
+    out, checkpoint = tmp_path / "out", tmp_path / "ckpt"
+
+    def job() -> None:
+        ds = checkpointed(read(str(data), id_column="id"), checkpoint, rows_per_block=4)
+        ds.map_batches(
+            InProcessGenerate,
+            fn_constructor_kwargs={"config": {"engine": "simulated"}, "sampling": {"max_tokens": 2}},
+            batch_size=4,
+            compute=ray.data.ActorPoolStrategy(size=1),
+            num_cpus=0.1,
+        ).write_json(str(out), mode="append")
+
+    job()
+    files = sorted(out.iterdir())
+    assert sorted(r["id"] for r in written(out)) == sorted(f"rows.jsonl:{i}" for i in range(12))
+    job()  # everything recorded: nothing read past the checkpoint, nothing written
+    assert sorted(out.iterdir()) == files
+    assert len(written(out)) == 12

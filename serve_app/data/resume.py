@@ -78,6 +78,11 @@ class PositionedFiles(FileBasedDatasource):
         super().__init__(paths, file_extensions=extensions)
         self.kind, self.id_column, self.root = kind, id_column, root
 
+    def _open_input_source(self, filesystem: Any, path: str, **open_args: Any) -> Any:
+        if self.kind == "parquet":  # Parquet's footer comes first: it needs random access, not a stream
+            return filesystem.open_input_file(path)
+        return super()._open_input_source(filesystem, path, **open_args)
+
     def _read_stream(self, f: Any, path: str) -> Iterator[pa.Table]:
         name = os.path.relpath(path, self.root)
         row = 0
@@ -96,14 +101,14 @@ class PositionedFiles(FileBasedDatasource):
             for batch in pq.ParquetFile(f).iter_batches():
                 yield pa.Table.from_batches([batch])
         elif self.kind == "text":
-            lines = [line.rstrip("\r") for line in f.readall().decode("utf-8", errors="replace").split("\n")]
+            lines = [line.rstrip("\r") for line in f.read().decode("utf-8", errors="replace").split("\n")]
             yield pa.table({"text": pa.array(lines, type=pa.string())})
         elif self.kind == "csv":
             import pyarrow.csv as pcsv
 
             yield pcsv.read_csv(f)
         else:
-            data = f.readall()
+            data = f.read()
             if data.lstrip()[:1] == b"[":  # one JSON array rather than one object a line
                 yield pa.Table.from_pylist(json.loads(data))
             else:
