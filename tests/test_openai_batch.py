@@ -131,3 +131,17 @@ def test_a_500_line_batch_file_is_answered_line_for_line_as_the_http_routes_answ
     assert handle.stats.remote().result()["batcher"]["total_completed"] == before  # every line was recorded
     assert again["lines_skipped"] == again["lines_out"] == len(answered) and again["duplicate_ids"] == 0
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == numbered
+
+
+def test_the_openai_handle_method_answers_behind_an_api_key(deploy):
+    """The HTTP door wants a key; the handle method, trusted code inside the cluster, passes it as the route's
+    caller would, and answers what the route answers."""
+    key = "batch-test-key-0123456789abcdef"
+    handle = deploy("batch-keyed", api_key=key, simulated={"step_s": 0.001})
+    body = {"prompt": "behind the door", "max_tokens": 2}
+    answer = handle.openai.remote(COMPLETIONS, body).result()
+    assert answer["status_code"] == 200 and answer["body"]["choices"][0]["text"]
+    refused = handle.openai.remote(COMPLETIONS, {**body, "max_tokens": 0}).result()
+    assert refused["status_code"] >= 400 and refused["body"]["error"]["param"] == "max_tokens"
+    with pytest.raises(Exception, match="not JSON"):  # a stream is no JSON body: refused, not garbled
+        handle.openai.remote(COMPLETIONS, {**body, "stream": True}).result()
