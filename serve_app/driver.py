@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 import shutil
 import sys
@@ -131,7 +132,7 @@ def run_openai_batch(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Stream the input through the app, write the output, and return the summary."""
-    from .data import embed, generate
+    from .data import DEFAULT_BATCH_SIZE, EMBED_BATCH_SIZE, app_capacity, embed, generate
 
     if args.openai_batch:
         return run_openai_batch(args)
@@ -157,16 +158,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.limit:
         ds = ds.limit(args.limit)
     rows_in = ds.count()
+    concurrency = args.concurrency or app_capacity(app, deployment)
+    batch_size = args.batch_size or (EMBED_BATCH_SIZE if embedding else DEFAULT_BATCH_SIZE)
+    blocks = max(1, math.ceil(rows_in / (batch_size * concurrency)))  # a block (written and recorded at once): a wave
+    ds = read(args.input, id_column=args.id_column, blocks=blocks)
+    if args.limit:
+        ds = ds.limit(args.limit)
     before = replica_stats(app, deployment)
-    common = {"app": app, "deployment": deployment, "concurrency": args.concurrency, "fail_fast": args.fail_fast}
+    common = {"app": app, "deployment": deployment, "concurrency": concurrency, "fail_fast": args.fail_fast}
     progress = JobProgress(rows_in - skipped, args.progress_s, "tokens/s" if embedding else "output tok/s")
     common |= {"checkpoint": checkpoint, "id_column": args.id_column, "progress": progress.counter}
     if embedding:
-        out = embed(ds, text_column=column, batch_size=args.batch_size or 64, **common)
+        out = embed(ds, text_column=column, batch_size=batch_size, **common)
     else:
         sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
         origin = {"priority": args.priority, "tenant": args.tenant}
-        out = generate(ds, prompt_column=column, batch_size=args.batch_size or 8, **common, **origin, **sampling)
+        out = generate(ds, prompt_column=column, batch_size=batch_size, **common, **origin, **sampling)
     started = time.monotonic()
     write = out.write_parquet if args.format == "parquet" else out.write_json
     mode = "append" if args.resume else "overwrite"  # a fresh run replaces the last output

@@ -86,6 +86,20 @@ async def per_replica_stats(handle: Any, replicas: int, timeout: float = 30) -> 
     return seen
 
 
+def completed(handle: Any) -> int:
+    """Prompts the (one) replica has answered so far."""
+    return handle.stats.remote().result()["batcher"]["total_completed"]
+
+
+def idle(handle: Any) -> None:
+    """Wait until the replica holds no request (a killed job's last requests still finish there)."""
+
+    async def check() -> bool:
+        return (await handle.stats.remote())["requests"]["ongoing"] == 0
+
+    asyncio.run(wait_for(check, 60, "the replica to finish the killed job's requests"))
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface."""
     with socket.socket() as sock:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.sample import write
-from tests.conftest import wait_for
+from tests.conftest import completed, idle
 
 pytestmark = pytest.mark.serve
 
@@ -22,20 +21,6 @@ pytestmark = pytest.mark.serve
 @pytest.fixture(scope="module")
 def app(deploy_app):
     return deploy_app("resume", simulated={"step_s": 0.05}, autoscaling={"target_ongoing_requests": 8})
-
-
-def completed(handle) -> int:
-    """Prompts the (one) replica has answered so far."""
-    return handle.stats.remote().result()["batcher"]["total_completed"]
-
-
-def idle(handle) -> None:
-    """Wait until the replica holds no request (a killed job's last requests still finish there)."""
-
-    async def check() -> bool:
-        return (await handle.stats.remote())["requests"]["ongoing"] == 0
-
-    asyncio.run(wait_for(check, 60, "the replica to finish the killed job's requests"))
 
 
 def written(folder: Path) -> list[dict]:
@@ -172,7 +157,7 @@ def test_in_process_jobs_resume_with_checkpointed(serve_instance, tmp_path):
     out, checkpoint = tmp_path / "out", tmp_path / "ckpt"
 
     def job() -> None:
-        ds = checkpointed(read(str(data), id_column="id"), checkpoint, rows_per_block=4)
+        ds = checkpointed(read(str(data), id_column="id", blocks=3), checkpoint)
         ds.map_batches(
             InProcessGenerate,
             fn_constructor_kwargs={"config": {"engine": "simulated"}, "sampling": {"max_tokens": 2}},
@@ -187,3 +172,48 @@ def test_in_process_jobs_resume_with_checkpointed(serve_instance, tmp_path):
     job()  # everything recorded: nothing read past the checkpoint, nothing written
     assert sorted(out.iterdir()) == files
     assert len(written(out)) == 12
+
+
+def test_a_killed_openai_batch_job_resumes_with_only_the_unwritten_lines(app, tmp_path):
+    """The same for an OpenAI Batch file (on this module's app: a resume needs CPUs free beside the replicas)."""
+    pytest.importorskip("vllm")  # the batch line and output models are vLLM's
+    import ray
+
+    from serve_app import driver
+
+    handle = app
+    lines = 160
+    requests = tmp_path / "requests.jsonl"
+    body = {"max_tokens": 4, "temperature": 0}
+    line = {"method": "POST", "url": "/v1/completions"}
+    texts = [json.dumps({**line, "custom_id": f"c{i}", "body": {**body, "prompt": f"p {i}"}}) for i in range(lines)]
+    requests.write_text("\n".join(texts) + "\n")
+    out = tmp_path / "results.jsonl"
+    flags = ["--openai-batch", str(requests), "--output", str(out), "--app", "resume"]
+    flags += ["--concurrency", "8", "--batch-size", "4", "--address", ray.get_runtime_context().gcs_address]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "serve_app.driver", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    parts = tmp_path / "results.jsonl.parts"
+
+    def parted() -> int:
+        return sum(f.read_text().count("\n") for f in parts.glob("*.jsonl")) if parts.is_dir() else 0
+
+    try:
+        deadline = time.monotonic() + 180
+        while parted() < 24:  # wait on the output, not on a clock
+            assert first.poll() is None, "the first run ended before it could be killed"
+            assert time.monotonic() < deadline, "the first run wrote nothing in 180 s"
+            time.sleep(0.2)
+    finally:
+        first.kill()
+        first.wait()
+    assert not out.exists()  # the output is assembled only when every line is answered
+    idle(handle)
+    before = completed(handle)
+    summary = driver.run(driver.parser().parse_args([*flags, "--resume"]))
+    assert 0 < summary["lines_skipped"] < lines
+    assert completed(handle) - before == lines - summary["lines_skipped"]  # only the unwritten lines were sent
+    answered = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [a["custom_id"] for a in answered] == [f"c{i}" for i in range(lines)]  # each once, in input order
+    assert summary["status_codes"] == {"200": lines} and summary["duplicate_ids"] == 0

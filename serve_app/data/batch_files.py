@@ -186,10 +186,10 @@ def run_batch_file(
         for folder in (parts, checkpoint):
             shutil.rmtree(folder, ignore_errors=True)
     skipped = checkpointed_rows(checkpoint)
-    ds = positioned(str(requests), kind="text", id_column="id")
-    lines_in = ds.count()
+    lines_in = positioned(str(requests), kind="text", id_column="id").count()
     calls = max(1, math.ceil(concurrency / batch_size))
-    ds = checkpointed(ds, checkpoint, "id", rows_per_block=batch_size * calls)
+    blocks = math.ceil(lines_in / (batch_size * calls))  # a block, written and recorded at once: a wave of calls
+    ds = checkpointed(positioned(str(requests), kind="text", id_column="id", blocks=blocks), checkpoint, "id")
     apps = {"llm": (llm_app, "LLMServer"), "embeddings": (embeddings_app, "EmbeddingServer")}
     progress = JobProgress(lines_in - skipped, progress_s, "tok/s (output + embedded)")
     out = ds.map_batches(

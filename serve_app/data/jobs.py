@@ -309,8 +309,8 @@ def _through_app(ds: Any, fn: type, kwargs: dict[str, Any], job: Job) -> Any:
     logger.info(
         "streaming through app %r: %d requests of %d rows in flight at most", kwargs["app"], concurrency, job.batch_size
     )
-    if job.checkpoint is not None:  # a block (what is written and recorded at once): one wave of requests
-        ds = checkpointed(ds, job.checkpoint, job.id_column, rows_per_block=job.batch_size * concurrency)
+    if job.checkpoint is not None:
+        ds = checkpointed(ds, job.checkpoint, job.id_column)
     return ds.map_batches(  # derived datasets share ds's context, so its checkpoint settings too
         fn,
         fn_constructor_kwargs={**kwargs, "fail_fast": job.fail_fast, "max_retries": job.max_retries},

@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,12 @@ READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "cs
 IO_CPUS = 0.25
 """CPUs each read or write task asks for. Ray Data's default is a whole CPU, which on a small machine
 whose replicas hold most CPUs would never be free: the job would wait forever. These tasks are I/O."""
+
+RESUME_CPUS = 1.5
+"""CPUs a resumed job needs free: Ray Data's checkpoint filter asks a whole one (no setting changes it), and the
+job's own read, map and write tasks must still fit beside it, or the read waits forever behind the filter."""
+FREE_CPU_WAIT_S = 60.0
+"""How long a resumed job waits for :data:`RESUME_CPUS` free before it refuses to start."""
 
 PENDING_SUFFIX = ".pending.parquet"
 """Ray Data's name for a block's checkpoint written before its data and not yet committed."""
@@ -44,28 +51,31 @@ def input_kind(path: str) -> tuple[str, str]:
     return kind, suffix
 
 
-def read(path: str, id_column: str | None = None) -> Any:
+def read(path: str, id_column: str | None = None, blocks: int | None = None) -> Any:
     """A Ray Dataset from a file or folder, by extension. With ``id_column``, rows that the files do not already
-    number get that column: ``"<file>:<row>"``, stable across runs (what a checkpoint needs)."""
+    number get that column: ``"<file>:<row>"``, stable across runs (what a checkpoint needs). ``blocks`` splits
+    what is read into about that many blocks (a checkpoint records a block at a time), in the read tasks."""
     import ray.data
 
     kind, suffix = input_kind(path)
+    options = {"num_cpus": IO_CPUS, "override_num_blocks": blocks}
     if kind == "json":
-        ds = ray.data.read_json(path, lines=suffix == ".jsonl" or Path(path).is_dir(), num_cpus=IO_CPUS)
+        ds = ray.data.read_json(path, lines=suffix == ".jsonl" or Path(path).is_dir(), **options)
     else:
-        ds = getattr(ray.data, f"read_{kind}")(path, num_cpus=IO_CPUS)
+        ds = getattr(ray.data, f"read_{kind}")(path, **options)
     if id_column is None or id_column in ds.columns():
         return ds
-    return positioned(path, kind, id_column)
+    return positioned(path, kind, id_column, blocks)
 
 
-def positioned(path: str, kind: str, id_column: str) -> Any:
+def positioned(path: str, kind: str, id_column: str, blocks: int | None = None) -> Any:
     """A Ray Dataset of ``kind`` files (``json``, ``csv``, ``parquet``, or ``text``: one row a non-blank line, in
-    column ``text``) with ``id_column`` set to ``"<file>:<row>"``."""
+    column ``text``) with ``id_column`` set to ``"<file>:<row>"``, in about ``blocks`` blocks."""
     import ray.data
 
     root = str(Path(path).resolve().parent if Path(path).is_file() else Path(path).resolve())
-    return ray.data.read_datasource(PositionedFiles(path, kind=kind, id_column=id_column, root=root), num_cpus=IO_CPUS)
+    source = PositionedFiles(path, kind=kind, id_column=id_column, root=root)
+    return ray.data.read_datasource(source, num_cpus=IO_CPUS, override_num_blocks=blocks)
 
 
 class PositionedFiles(FileBasedDatasource):
@@ -117,22 +127,44 @@ class PositionedFiles(FileBasedDatasource):
                 yield pjson.read_json(io.BytesIO(data))
 
 
-def checkpointed(ds: Any, path: str | Path, id_column: str = "id", rows_per_block: int | None = None) -> Any:
+def checkpointed(ds: Any, path: str | Path, id_column: str = "id") -> Any:
     """``ds`` with Ray Data's row-level checkpointing at ``path`` (a folder), keyed by ``id_column``: when the
     dataset is written to files (``write_json``, ``write_parquet``), each written block's ids are recorded, and a
     later run of the same job with the same ``path`` skips them. ``ds`` must descend from a read (Ray Data filters
-    right after it) with unique ids that every later step keeps; the checkpoint is kept after success, so a rerun
-    writes nothing twice. Datasets derived from the one returned (``map_batches`` ...) share its settings.
-    ``rows_per_block`` cuts the stream into blocks of that many rows: a block is what is
-    written and recorded at once, so it bounds the work a killed job loses."""
+    right after it) with unique ids that every later step keeps; datasets made from it share the setting. A block
+    is what is written and recorded at once: read in several (``read(..., blocks=N)``), or a killed job redoes the
+    whole input. The checkpoint is kept after success, so a rerun writes nothing twice.
+
+    Ray Data's filter of recorded rows is an actor that asks a whole CPU (it cannot be told otherwise): resuming
+    on a cluster without :data:`RESUME_CPUS` free would wait forever, so that is refused here, naming the problem."""
     from ray.data.checkpoint import CheckpointConfig
 
-    if rows_per_block is not None:
-        ds = ds.repartition(target_num_rows_per_block=rows_per_block)
+    recorded = checkpointed_rows(path, id_column)
+    free = wait_for_free_cpus() if recorded else None
+    if free is not None and free < RESUME_CPUS:
+        raise ValueError(
+            f"cannot resume from '{path}' ({recorded} rows recorded): Ray Data's checkpoint filter needs a whole "
+            f"CPU, the job {RESUME_CPUS:g} in all, and the cluster has had {free:g} free for {FREE_CPU_WAIT_S:g} s; "
+            "free some (fewer or smaller replicas), or run afresh"
+        )
     ds.context.checkpoint_config = CheckpointConfig(
         id_column=id_column, checkpoint_path=str(Path(path).resolve()), delete_checkpoint_on_success=False
     )
     return ds
+
+
+def wait_for_free_cpus(timeout_s: float | None = None) -> float | None:
+    """CPUs free in the connected Ray cluster (None when not connected), once :data:`RESUME_CPUS` are, or after
+    ``timeout_s`` (default :data:`FREE_CPU_WAIT_S`): a killed run's actors take a few seconds to let theirs go."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    deadline = time.monotonic() + (FREE_CPU_WAIT_S if timeout_s is None else timeout_s)
+    while (free := ray.available_resources().get("CPU", 0.0)) < RESUME_CPUS and time.monotonic() < deadline:
+        logger.info("resuming: waiting for %g CPUs (Ray Data's checkpoint filter asks one); %g free", RESUME_CPUS, free)
+        time.sleep(1.0)
+    return free
 
 
 def checkpointed_rows(path: str | Path, id_column: str = "id") -> int:
