@@ -2,13 +2,16 @@
 
     python -m serve_app.driver --input data/problems.jsonl --output out/ [--app llm] [--concurrency N]
         [--prompt-column prompt] [--id-column id] [--limit K] [--format jsonl|parquet] [--max-tokens 64]
+        [--resume] [--checkpoint DIR]
+    python -m serve_app.driver --openai-batch requests.jsonl --output results.jsonl [--resume]
     python -m serve_app.driver --task embed --input docs.parquet --output vectors/ --format parquet
         [--text-column text] [--app embeddings]
 
 Reads JSONL, JSON, Parquet or CSV; writes one output row per input row (JSONL or Parquet) into the output
-folder; Ray Data shows progress; ends with a summary: rows, errors, wall time, the replicas' batch
-statistics, and for generation output tokens/s and accuracy (when the input has an ``answer`` column), for
-embeddings texts/s, tokens and the vectors' dimensions.
+folder, recording the written rows' ids in a checkpoint (``--resume`` runs the job again over only the rows not
+yet written; rows without an id get ``"<file>:<row>"``); Ray Data shows progress; ends with a summary: rows,
+errors, wall time, the replicas' batch statistics, and for generation output tokens/s and accuracy (when the
+input has an ``answer`` column), for embeddings texts/s, tokens and the vectors' dimensions.
 """
 
 from __future__ import annotations
@@ -16,43 +19,26 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from .config import DATA_PRIORITY
+from .data.progress import JobProgress
+from .data.resume import IO_CPUS, checkpointed_rows, read
 
 logger = logging.getLogger(__name__)
-
-READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-IO_CPUS = 0.25
-"""CPUs each read or write task asks for. Ray Data's default is a whole CPU, which on a small machine
-whose replicas hold most CPUs would never be free: the job would wait forever. These tasks are I/O."""
-
-
-def read(path: str) -> Any:
-    """A Ray Dataset from a file or folder, by extension (a folder is read as JSONL unless it holds Parquet)."""
-    import ray.data
-
-    p = Path(path)
-    suffix = p.suffix.lower()
-    if p.is_dir():
-        suffix = ".parquet" if any(p.glob("*.parquet")) else ".jsonl"
-    kind = READERS.get(suffix)
-    if kind is None:
-        raise ValueError(f"cannot read '{path}': use .jsonl, .json, .parquet or .csv")
-    if kind == "json":
-        return ray.data.read_json(path, lines=suffix == ".jsonl" or p.is_dir(), num_cpus=IO_CPUS)
-    return getattr(ray.data, f"read_{kind}")(path, num_cpus=IO_CPUS)
 
 
 def replica_stats(app: str, deployment: str, probes: int = 24) -> dict[str, dict[str, Any]]:
     """The batch statistics of each replica that answers ``probes`` stats calls, by replica id."""
-    from ray import serve
+    from .data.jobs import app_handle
 
-    handle = serve.get_deployment_handle(deployment, app_name=app)
+    handle = app_handle(app, deployment)
     seen: dict[str, dict[str, Any]] = {}
     for _ in range(probes):
         info = handle.stats.remote().result(timeout_s=60)
@@ -86,7 +72,7 @@ def first_number(text: str) -> int | None:
     return int(match.group()) if match else None
 
 
-def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate") -> dict[str, Any]:
+def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate", id_column: str = "id") -> dict[str, Any]:
     """Rows, errors, tokens (output tokens, or embedded tokens), accuracy (with answers) and the vectors'
     dimensions (embeddings), read back from the written output."""
     import ray.data
@@ -105,8 +91,8 @@ def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate") -
         tokens += int(batch["output_tokens" if task == "generate" else "tokens"].sum())
         if task == "embed":
             dimensions.update(len(v) for v in batch["embedding"] if v is not None)
-        if "id" in batch:
-            for row_id in batch["id"].tolist():
+        if id_column in batch:
+            for row_id in batch[id_column].tolist():
                 duplicates += row_id in ids
                 ids.add(row_id)
         if has_answer:
@@ -121,40 +107,84 @@ def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate") -
     }
 
 
+def run_openai_batch(args: argparse.Namespace) -> dict[str, Any]:
+    """Answer an OpenAI Batch file through the apps; the summary."""
+    from .data.batch_files import run_batch_file
+    from .data.jobs import app_capacity
+
+    if args.limit:
+        raise ValueError("--limit does not apply to --openai-batch")
+    app = args.app or "llm"
+    concurrency = args.concurrency or app_capacity(app)
+    started = time.monotonic()
+    summary = run_batch_file(
+        args.openai_batch,
+        args.output,
+        llm_app=app,
+        embeddings_app=args.embeddings_app,
+        concurrency=concurrency,
+        batch_size=args.batch_size or 8,
+        resume=args.resume,
+        progress_s=args.progress_s,
+    )
+    return {**summary, "wall_s": round(time.monotonic() - started, 2)}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Stream the input through the app, write the output, and return the summary."""
-    from .data import embed, generate
+    from .data import DEFAULT_BATCH_SIZE, EMBED_BATCH_SIZE, app_capacity, embed, generate
+
+    if args.openai_batch:
+        return run_openai_batch(args)
+    if not args.input:
+        raise ValueError("name the input: --input FILE, or --openai-batch FILE")
 
     embedding = args.task == "embed"
     app = args.app or ("embeddings" if embedding else "llm")
     deployment = args.deployment or ("EmbeddingServer" if embedding else "LLMServer")
     column, column_flag = (args.text_column, "--text-column") if embedding else (args.prompt_column, "--prompt-column")
-    ds = read(args.input)
+    if args.resume and args.limit:
+        raise ValueError("--limit cannot be resumed (a rerun would take the next K unwritten rows); drop one")
+    checkpoint = Path(args.checkpoint or f"{str(args.output).rstrip('/')}.checkpoint")
+    if args.resume and Path(args.output).exists() and not checkpoint.is_dir():
+        raise ValueError(f"nothing to resume: no checkpoint at '{checkpoint}' (set it with --checkpoint)")
+    if not args.resume:
+        shutil.rmtree(checkpoint, ignore_errors=True)  # a fresh run: forget what the last one wrote
+    skipped = checkpointed_rows(checkpoint)
+    ds = read(args.input, id_column=args.id_column)
     columns = ds.columns()
-    for name, flag in ((column, column_flag), (args.id_column, "--id-column")):
-        if name not in columns:
-            raise ValueError(f"the input has no column '{name}' (columns: {columns}); name it with {flag}")
+    if column not in columns:
+        raise ValueError(f"the input has no column '{column}' (columns: {columns}); name it with {column_flag}")
     if args.limit:
         ds = ds.limit(args.limit)
     rows_in = ds.count()
+    concurrency = args.concurrency or app_capacity(app, deployment)
+    batch_size = args.batch_size or (EMBED_BATCH_SIZE if embedding else DEFAULT_BATCH_SIZE)
+    blocks = max(1, math.ceil(rows_in / (batch_size * concurrency)))  # a block (written and recorded at once): a wave
+    ds = read(args.input, id_column=args.id_column, blocks=blocks)
+    if args.limit:
+        ds = ds.limit(args.limit)
     before = replica_stats(app, deployment)
-    common = {"app": app, "deployment": deployment, "concurrency": args.concurrency, "fail_fast": args.fail_fast}
+    common = {"app": app, "deployment": deployment, "concurrency": concurrency, "fail_fast": args.fail_fast}
+    progress = JobProgress(rows_in - skipped, args.progress_s, "tokens/s" if embedding else "output tok/s")
+    common |= {"checkpoint": checkpoint, "id_column": args.id_column, "progress": progress.counter}
     if embedding:
-        out = embed(ds, text_column=column, batch_size=args.batch_size or 64, **common)
+        out = embed(ds, text_column=column, batch_size=batch_size, **common)
     else:
         sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
         origin = {"priority": args.priority, "tenant": args.tenant}
-        out = generate(ds, prompt_column=column, batch_size=args.batch_size or 8, **common, **origin, **sampling)
-    if args.id_column != "id":
-        out = out.rename_columns({args.id_column: "id"})
+        out = generate(ds, prompt_column=column, batch_size=batch_size, **common, **origin, **sampling)
     started = time.monotonic()
     write = out.write_parquet if args.format == "parquet" else out.write_json
-    write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode="overwrite")  # a rerun replaces the last output
+    mode = "append" if args.resume else "overwrite"  # a fresh run replaces the last output
+    with progress:
+        write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode=mode)
     wall = time.monotonic() - started
-    result = summarize(args.output, args.format, "answer" in columns and not embedding, args.task)
+    result = summarize(args.output, args.format, "answer" in columns and not embedding, args.task, args.id_column)
     after = replica_stats(app, deployment)
     summary = {
         "rows_in": rows_in,
+        "rows_skipped": skipped,
         "rows_out": result["rows"],
         "errors": result["errors"],
         "duplicate_ids": result["duplicate_ids"],
@@ -167,6 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         summary["output_tokens"] = result["tokens"]
         summary["output_tokens_per_s"] = round(result["tokens"] / wall, 1) if wall else 0.0
+    summary["progress"] = progress.lines[-1] if progress.lines else None
     summary["batching"] = batch_summary(before, after)
     summary["output"] = str(args.output)
     if "answer" in columns and not embedding:
@@ -176,16 +207,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m serve_app.driver", description=__doc__.splitlines()[0])
-    p.add_argument("--input", required=True, help="a .jsonl, .json, .parquet or .csv file (or folder)")
-    p.add_argument("--output", required=True, help="the output folder")
+    p.add_argument("--input", help="a .jsonl, .json, .parquet or .csv file (or folder)")
+    p.add_argument("--openai-batch", metavar="FILE", help="an OpenAI Batch request file (instead of --input)")
+    p.add_argument("--output", required=True, help="the output folder (with --openai-batch: the output file)")
     p.add_argument("--task", choices=["generate", "embed"], default="generate")
     p.add_argument("--app", default=None, help="the Serve application name (default: llm, or embeddings)")
     p.add_argument("--deployment", default=None, help="default: LLMServer, or EmbeddingServer")
+    p.add_argument("--embeddings-app", default="embeddings", help="--openai-batch: the app for /v1/embeddings")
     p.add_argument("--concurrency", type=int, default=None, help="requests in flight (default: what the app absorbs)")
     p.add_argument("--batch-size", type=int, default=None, help="rows per request (default: 8, or 64 for embed)")
     p.add_argument("--prompt-column", default="prompt")
     p.add_argument("--text-column", default="text", help="--task embed: the column to embed")
-    p.add_argument("--id-column", default="id")
+    p.add_argument("--id-column", default="id", help="unique row ids; added as '<file>:<row>' where missing")
+    p.add_argument("--resume", action="store_true", help="skip the rows the last run of this job wrote")
+    p.add_argument("--checkpoint", default=None, help="where written ids are recorded (default: OUTPUT.checkpoint)")
     p.add_argument("--limit", type=int, default=None, help="only the first K rows")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     p.add_argument("--max-tokens", type=int, default=None)
@@ -194,6 +229,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tenant", default=None, help="whose fair share the job counts against (default: this job)")
     p.add_argument("--fail-fast", action="store_true", help="fail the job on the first failed row")
+    p.add_argument("--progress-s", type=float, default=10.0, help="log rows done, tok/s, ETA, errors this often")
     p.add_argument("--address", default="auto", help="the Ray cluster running the app")
     return p
 
@@ -217,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=2))
-    ok = summary["rows_in"] == summary["rows_out"] and not summary["duplicate_ids"]
+    rows_in, rows_out = ("lines_in", "lines_out") if args.openai_batch else ("rows_in", "rows_out")
+    ok = summary[rows_in] == summary[rows_out] and not summary["duplicate_ids"]
     return 0 if ok else 1
 
 

@@ -116,6 +116,20 @@ def result_of_private_cluster(args: list[str], timeout: float) -> dict[str, Any]
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
+def completed(handle: Any) -> int:
+    """Prompts the (one) replica has answered so far."""
+    return handle.stats.remote().result()["batcher"]["total_completed"]
+
+
+def idle(handle: Any) -> None:
+    """Wait until the replica holds no request (a killed job's last requests still finish there)."""
+
+    async def check() -> bool:
+        return (await handle.stats.remote())["requests"]["ongoing"] == 0
+
+    asyncio.run(wait_for(check, 60, "the replica to finish the killed job's requests"))
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface."""
     with socket.socket() as sock:

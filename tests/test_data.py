@@ -124,3 +124,27 @@ def test_sample_dataset_is_reproducible_with_known_answers():
     assert len({len(r["prompt"]) for r in rows}) > 20  # varied lengths
     first = rows[0]
     assert set(first) == {"id", "prompt", "answer"} and isinstance(first["answer"], int)
+
+
+def test_driver_logs_progress_a_person_can_read(app, tmp_path, caplog):
+    import logging
+    import re
+
+    from serve_app import driver
+    from serve_app.data.progress import describe
+
+    data = write(tmp_path / "problems.jsonl", rows=30)
+    flags = ["--input", str(data), "--output", str(tmp_path / "out"), "--app", "data", "--max-tokens", "4"]
+    args = driver.parser().parse_args([*flags, "--progress-s", "0.05", "--batch-size", "2", "--concurrency", "2"])
+    with caplog.at_level(logging.INFO, logger="serve_app.data.progress"):
+        summary = driver.run(args)
+    assert summary["rows_out"] == 30
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress: ")]
+    assert len(lines) >= 2, lines  # while it ran, and at the end
+    for line in lines:
+        assert re.fullmatch(r"progress: rows \d+/30 \(\d+%\), [\d.]+ output tok/s, ETA (\d+ s|unknown), 0 errors", line)
+    assert re.fullmatch(r"rows 30/30 \(100%\), [\d.]+ output tok/s, ETA 0 s, 0 errors", summary["progress"])
+    assert describe({"rows": 15, "tokens": 60, "errors": 1}, 30, 2.0) == (
+        "rows 15/30 (50%), 30.0 output tok/s, ETA 2 s, 1 errors"
+    )
+    assert describe({"rows": 0, "tokens": 0, "errors": 0}, 30, 1.0).endswith("ETA unknown, 0 errors")

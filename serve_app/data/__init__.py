@@ -10,6 +10,10 @@
 Embedding a corpus works the same way through the embedding app (``embed``), or in process
 (``InProcessEmbed``): each row gains ``embedding`` (a list of floats; null where it failed), ``tokens`` and
 ``error``, and ``write_parquet`` stores the vectors as a list column.
+
+Resumable jobs: ``generate(ds, ..., checkpoint="ckpt/")`` (or ``checkpointed(ds, "ckpt/")`` before an in-process
+``map_batches``) records the ids of written rows, and the same job run again skips them; ``read(path,
+id_column="id")`` numbers rows that have no id (``"<file>:<row>"``).
 """
 
 from .in_process import InProcessEmbed, InProcessGenerate
@@ -25,6 +29,7 @@ from .jobs import (
     embed,
     generate,
 )
+from .resume import checkpointed, read
 
 __all__ = [
     "DATA_PRIORITY",
@@ -37,6 +42,8 @@ __all__ = [
     "ServeGenerate",
     "actor_pool",
     "app_capacity",
+    "checkpointed",
     "embed",
     "generate",
+    "read",
 ]

@@ -15,8 +15,10 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -24,9 +26,13 @@ from ..config import DATA_PRIORITY
 from ..core.embedder import error_row as embed_error_row
 from ..core.generator import error_row as generate_error_row
 from ..errors import classify
+from .progress import report
+from .resume import checkpointed
 from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, rows_out, texts
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 DEFAULT_BATCH_SIZE = 8
 EMBED_BATCH_SIZE = 64
@@ -57,6 +63,36 @@ def retryable(exc: BaseException) -> bool:
     return classify(cause).retry or isinstance(cause, ray_transient) or isinstance(exc, ray_transient)
 
 
+@dataclass(frozen=True)
+class Retries:
+    """How a job's handle calls are retried: at most ``max_retries`` times, with exponential backoff from
+    ``backoff_s`` (jittered), each call given ``timeout_s`` (then it counts as retryable)."""
+
+    max_retries: int = 6
+    backoff_s: float = 0.5
+    timeout_s: float = 600.0
+
+    async def call(self, send: Callable[[], Awaitable[T]], again: Callable[[T], bool] = lambda _: False) -> T:
+        """``send()``'s answer, sent again while it fails retryably or ``again(answer)`` says the answer asks for
+        it; once the retries are spent, the last answer, or the last failure raised."""
+        for attempt in range(self.max_retries + 1):
+            last = attempt == self.max_retries
+            try:
+                answer = await asyncio.wait_for(send(), timeout=self.timeout_s)
+            except Exception as exc:
+                if last or not retryable(exc):
+                    raise
+                why = type(exc).__name__
+            else:
+                if last or not again(answer):
+                    return answer
+                why = "a retryable answer"
+            delay = self.backoff_s * 2**attempt * (0.5 + random.random())
+            logger.info("retryable failure (%s); retry %d in %.1f s", why, attempt + 1, delay)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
 class _ServeRows:
     """``map_batches`` callable class: each batch's input column goes to a handle method of a Serve app as one
     request, which answers one dict per row.
@@ -69,10 +105,12 @@ class _ServeRows:
         max_retries: retries of a retryable failure, with exponential backoff from ``backoff_s``.
         fail_fast: raise on the first failed row instead of writing an error value into it.
         timeout_s: the longest one request may take (then it counts as retryable).
+        progress: a :mod:`~serve_app.data.progress` counter actor told of every finished batch, or None.
     """
 
     method: ClassVar[str]
     columns: ClassVar[dict[str, Any]]
+    tokens_key: ClassVar[str]
     error_row: ClassVar[Callable[[str], dict[str, Any]]]
 
     def __init__(
@@ -85,19 +123,18 @@ class _ServeRows:
         backoff_s: float = 0.5,
         fail_fast: bool = False,
         timeout_s: float = 600.0,
+        progress: Any = None,
     ) -> None:
-        from ray import serve
-
-        self.call = getattr(serve.get_deployment_handle(deployment, app_name=app), self.method)
+        self.call = getattr(app_handle(app, deployment), self.method)
         self.column = column
         self.options = dict(options or {})
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
+        self.retries = Retries(max_retries, backoff_s, timeout_s)
         self.fail_fast = fail_fast
-        self.timeout_s = timeout_s
+        self.progress = progress
 
     async def __call__(self, batch: dict[str, np.ndarray]) -> Any:
         results = await self._results(texts(batch, self.column))
+        report(self.progress, results, self.tokens_key)
         if self.fail_fast:
             for result in results:
                 if result["error"] is not None:
@@ -106,21 +143,15 @@ class _ServeRows:
 
     async def _results(self, values: list[str]) -> list[dict[str, Any]]:
         """One result per value; the call retried while its failure is retryable."""
-        for attempt in range(self.max_retries + 1):
-            try:
-                return await asyncio.wait_for(self.call.remote(values, **self.options), timeout=self.timeout_s)
-            except Exception as exc:
-                cause = getattr(exc, "cause", None) or exc
-                if isinstance(cause, ValueError):  # the job's own arguments are bad: every row says so
-                    return [type(self).error_row(f"invalid: {cause}") for _ in values]
-                if not retryable(exc) or attempt == self.max_retries:
-                    message = f"{type(cause).__name__}: {cause}"
-                    logger.warning("giving up on %d rows after %d attempts: %s", len(values), attempt + 1, message)
-                    return [type(self).error_row(message) for _ in values]
-                delay = self.backoff_s * 2**attempt * (0.5 + random.random())
-                logger.info("retryable failure (%s); retry %d in %.1f s", type(exc).__name__, attempt + 1, delay)
-                await asyncio.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            return await self.retries.call(lambda: self.call.remote(values, **self.options))
+        except Exception as exc:
+            cause = getattr(exc, "cause", None) or exc
+            if isinstance(cause, ValueError):  # the job's own arguments are bad: every row says so
+                return [type(self).error_row(f"invalid: {cause}") for _ in values]
+            message = f"{type(cause).__name__}: {cause}"
+            logger.warning("giving up on %d rows: %s", len(values), message)
+            return [type(self).error_row(message) for _ in values]
 
 
 class ServeGenerate(_ServeRows):
@@ -128,6 +159,7 @@ class ServeGenerate(_ServeRows):
     for the arguments (``prompt_column`` and ``sampling`` name two of them here)."""
 
     method: ClassVar[str] = "generate_batch"
+    tokens_key: ClassVar[str] = "output_tokens"
     columns: ClassVar[dict[str, Any]] = GENERATE_COLUMNS
     error_row = staticmethod(generate_error_row)
 
@@ -147,6 +179,7 @@ class ServeEmbed(_ServeRows):
     where the row failed), ``tokens`` and ``error``. See :class:`_ServeRows` for the arguments."""
 
     method: ClassVar[str] = "embed_batch"
+    tokens_key: ClassVar[str] = "tokens"
     columns: ClassVar[dict[str, Any]] = EMBED_COLUMNS
     error_row = staticmethod(embed_error_row)
 
@@ -161,11 +194,20 @@ class ServeEmbed(_ServeRows):
         super().__init__(app, deployment, text_column, {"truncate_prompt_tokens": truncate_prompt_tokens}, **options)
 
 
-def app_capacity(app: str = "llm", deployment: str = "LLMServer") -> int:
-    """Requests the app's autoscaling absorbs: max replicas x target ongoing requests (from a replica)."""
+def app_handle(app: str, deployment: str) -> Any:
+    """The handle of ``deployment`` in the running Serve app ``app``; a ``ValueError`` naming them if there is none."""
     from ray import serve
 
-    info = serve.get_deployment_handle(deployment, app_name=app).stats.remote().result(timeout_s=60)
+    try:
+        return serve.get_deployment_handle(deployment, app_name=app)
+    except KeyError:
+        running = sorted(serve.status().applications)
+        raise ValueError(f"no deployment {deployment!r} in a Serve app {app!r} (apps running: {running})") from None
+
+
+def app_capacity(app: str = "llm", deployment: str = "LLMServer") -> int:
+    """Requests the app's autoscaling absorbs: max replicas x target ongoing requests (from a replica)."""
+    info = app_handle(app, deployment).stats.remote().result(timeout_s=60)
     scaling = info["autoscaling"]
     return max(1, int(scaling["max_replicas"] * scaling["target_ongoing_requests"]))
 
@@ -204,14 +246,22 @@ def generate(
     max_retries: int = 6,
     priority: int = DATA_PRIORITY,
     tenant: str | None = None,
+    checkpoint: str | Path | None = None,
+    id_column: str = "id",
+    progress: Any = None,
     **sampling: Any,
 ) -> Any:
     """Stream ``ds`` through the generation app: each row gains ``text``, ``prompt_tokens``, ``output_tokens``,
     ``finish_reason`` and ``error``. Its requests go at ``priority`` (after interactive ones) and count against
-    ``tenant``'s fair share (default: this job). Returns a lazy Dataset."""
+    ``tenant``'s fair share (default: this job). With ``checkpoint`` (a folder), writing the result to files
+    records each written row's ``id_column`` there, and the same job run again skips those rows
+    (:func:`~serve_app.data.resume.checkpointed`). ``progress`` (a :mod:`~serve_app.data.progress` counter
+    actor) is told of every finished batch. Returns a lazy Dataset."""
     options = {**sampling, "priority": priority, "tenant": tenant or job_tenant()}
     kwargs = {"app": app, "deployment": deployment, "prompt_column": prompt_column, "sampling": options}
-    return _through_app(ds, ServeGenerate, kwargs, concurrency, batch_size, actors, fail_fast, max_retries)
+    kwargs["progress"] = progress
+    job = Job(concurrency, batch_size, actors, fail_fast, max_retries, checkpoint, id_column)
+    return _through_app(ds, ServeGenerate, kwargs, job)
 
 
 def embed(
@@ -226,35 +276,46 @@ def embed(
     fail_fast: bool = False,
     max_retries: int = 6,
     truncate_prompt_tokens: int | None = None,
+    checkpoint: str | Path | None = None,
+    id_column: str = "id",
+    progress: Any = None,
 ) -> Any:
-    """Stream ``ds`` through the embedding app: each row gains ``embedding``, ``tokens`` and ``error``. Returns a
-    lazy Dataset."""
-    kwargs = {"app": app, "deployment": deployment, "text_column": text_column}
+    """Stream ``ds`` through the embedding app: each row gains ``embedding``, ``tokens`` and ``error``;
+    ``checkpoint``, ``id_column`` and ``progress`` as for :func:`generate`. Returns a lazy Dataset."""
+    kwargs = {"app": app, "deployment": deployment, "text_column": text_column, "progress": progress}
     kwargs["truncate_prompt_tokens"] = truncate_prompt_tokens
-    return _through_app(ds, ServeEmbed, kwargs, concurrency, batch_size, actors, fail_fast, max_retries)
+    job = Job(concurrency, batch_size, actors, fail_fast, max_retries, checkpoint, id_column)
+    return _through_app(ds, ServeEmbed, kwargs, job)
 
 
-def _through_app(
-    ds: Any,
-    fn: type[_ServeRows],
-    kwargs: dict[str, Any],
-    concurrency: int | None,
-    batch_size: int,
-    actors: int | None,
-    fail_fast: bool,
-    max_retries: int,
-) -> Any:
-    concurrency = concurrency or app_capacity(kwargs["app"], kwargs["deployment"])
-    if concurrency < 1 or batch_size < 1:
-        raise ValueError(f"concurrency ({concurrency}) and batch_size ({batch_size}) must be >= 1")
+@dataclass
+class Job:
+    """How a job streams its rows: requests in flight, rows per request, map actors, failure handling, and the
+    checkpoint it resumes from."""
+
+    concurrency: int | None
+    batch_size: int
+    actors: int | None
+    fail_fast: bool
+    max_retries: int
+    checkpoint: str | Path | None = None
+    id_column: str = "id"
+
+
+def _through_app(ds: Any, fn: type, kwargs: dict[str, Any], job: Job) -> Any:
+    concurrency = job.concurrency or app_capacity(kwargs["app"], kwargs["deployment"])
+    if concurrency < 1 or job.batch_size < 1:
+        raise ValueError(f"concurrency ({concurrency}) and batch_size ({job.batch_size}) must be >= 1")
     logger.info(
-        "streaming through app %r: %d requests of %d rows in flight at most", kwargs["app"], concurrency, batch_size
+        "streaming through app %r: %d requests of %d rows in flight at most", kwargs["app"], concurrency, job.batch_size
     )
-    return ds.map_batches(
+    if job.checkpoint is not None:
+        ds = checkpointed(ds, job.checkpoint, job.id_column)
+    return ds.map_batches(  # derived datasets share ds's context, so its checkpoint settings too
         fn,
-        fn_constructor_kwargs={**kwargs, "fail_fast": fail_fast, "max_retries": max_retries},
-        batch_size=batch_size,
+        fn_constructor_kwargs={**kwargs, "fail_fast": job.fail_fast, "max_retries": job.max_retries},
+        batch_size=job.batch_size,
         batch_format="numpy",
-        compute=actor_pool(concurrency, actors),
+        compute=actor_pool(concurrency, job.actors),
         num_cpus=0.1,
     )

@@ -113,6 +113,21 @@ class Replica:
             "max_model_len": self.core.engine.max_model_len,
         }
 
+    async def openai(self, url: str, body: Any) -> dict[str, Any]:
+        """Answer an OpenAI request ``body`` for ``url`` (``/v1/chat/completions``, ...) exactly as the HTTP route
+        does, by calling this replica's own HTTP app in process (its door, validation, route and error table):
+        ``{"status_code", "body"}``. What OpenAI Batch files are run through; JSON answers only (no ``stream``)."""
+        import httpx
+
+        key = self.config.effective_api_key()
+        headers = {} if key is None else {"Authorization": f"Bearer {key.get_secret_value()}"}
+        transport = httpx.ASGITransport(app=self._asgi_app)  # set by @serve.ingress
+        async with httpx.AsyncClient(transport=transport, base_url="http://replica", timeout=None) as client:
+            response = await client.post(url, json=body, headers=headers)
+        if not response.headers.get("content-type", "").startswith("application/json"):
+            raise ValueError(f"{url} answered {response.headers.get('content-type')}, not JSON (is 'stream' set?)")
+        return {"status_code": response.status_code, "body": response.json()}
+
     async def model_cards(self) -> list[dict[str, Any]]:
         """The models ``/v1/models`` lists: this replica's."""
         return [await self.model_card()]

@@ -1,0 +1,147 @@
+"""OpenAI Batch files through a SIMULATED generation app and the embedding app (all-MiniLM-L6-v2): one output
+line per request line, in order, each body equal to what the HTTP route answers for the same request; malformed
+lines become 400 lines in OpenAI's envelope; a rerun with ``--resume`` sends nothing again."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.serve
+pytest.importorskip("vllm")  # the batch line and output models are vLLM's
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+
+
+@pytest.fixture(scope="module")
+def served(serve_instance, deploy_app):
+    """A simulated generation app at ``/batch`` and the embedding app at ``/batch/v1/embeddings``."""
+    from ray import serve
+
+    from serve_app.app import build_embeddings_app
+
+    deploy_app("batch", simulated={"step_s": 0.001})
+    serve.run(
+        build_embeddings_app({"cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}),
+        name="batch-embeddings",
+        route_prefix="/batch/v1/embeddings",
+    )
+    yield serve_instance + "/batch"
+    serve.delete("batch-embeddings")
+
+
+def good_lines() -> list[dict]:
+    """494 requests over the three routes, with fields each route takes (greedy, so answers repeat), and two the
+    routes themselves refuse."""
+    lines = []
+    for i in range(164):
+        chat = {"messages": [{"role": "user", "content": f"question {i} about batches"}], "max_tokens": 3 + i % 3}
+        if i % 4 == 1:
+            chat |= {"temperature": 0, "stop": ["zzz"], "n": 2, "user": "tenant-a", "priority": 2}
+        lines.append({"url": CHAT, "body": chat})
+        completion = {"prompt": f"prompt {i} goes", "max_tokens": 4, "temperature": 0}
+        if i % 3 == 0:
+            completion |= {"echo": True, "logit_bias": {"5": 1.0}, "seed": 7}
+        lines.append({"url": COMPLETIONS, "body": completion})
+        texts = [f"text {i}", "another text"] if i % 2 else f"one text {i}"
+        lines.append({"url": EMBEDDINGS, "body": {"input": texts} | ({"encoding_format": "base64"} if i % 5 else {})})
+    lines = [{"custom_id": f"req-{n}", "method": "POST", **line} for n, line in enumerate(lines)]
+    refused = {"refused-chat": (CHAT, {"messages": [], "max_tokens": -1}), "refused-field": (COMPLETIONS, {"x": 1})}
+    return lines + [{"custom_id": c, "method": "POST", "url": u, "body": b} for c, (u, b) in refused.items()]
+
+
+BAD = [
+    "this is not JSON",
+    json.dumps({"custom_id": "no-url", "method": "POST", "body": {}}),
+    json.dumps({"custom_id": "bad-url", "method": "POST", "url": "/v1/images", "body": {}}),
+    json.dumps({"custom_id": "get", "method": "GET", "url": CHAT, "body": {"messages": []}}),
+    json.dumps({"custom_id": "streamed", "method": "POST", "url": CHAT, "body": {"messages": [], "stream": True}}),
+    json.dumps({"custom_id": "body-not-object", "method": "POST", "url": CHAT, "body": [1, 2]}),
+]
+
+
+def comparable(body: dict, approx: bool = False) -> dict:
+    """A body without what differs between two answers to one request: its id and creation time, and the last
+    float32 bits of a vector (the encoder pads a text by the batch it lands in; 1e-5 is far below any real
+    difference between texts)."""
+    out = {k: v for k, v in body.items() if k not in ("id", "created")}
+    for item in out.get("data", []):
+        vector = item.get("embedding")
+        if isinstance(vector, str):
+            vector = np.frombuffer(base64.b64decode(vector), dtype="<f4").tolist()
+        if vector is not None:
+            item["embedding"] = pytest.approx(vector, abs=1e-5) if approx else vector
+    return out
+
+
+def test_a_500_line_batch_file_is_answered_line_for_line_as_the_http_routes_answer(served, tmp_path):
+    from serve_app import driver
+
+    good = good_lines()
+    texts = [json.dumps(line) for line in good]
+    texts[5:5] = BAD[:3]
+    texts.insert(9, "")  # a blank line: skipped, and numbered
+    texts += BAD[3:]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("\n".join(texts) + "\n")
+    out = tmp_path / "results.jsonl"
+    flags = ["--openai-batch", str(requests), "--output", str(out), "--app", "batch"]
+    flags += ["--embeddings-app", "batch-embeddings", "--concurrency", "8", "--batch-size", "4"]
+    summary = driver.run(driver.parser().parse_args(flags))
+    answered = [json.loads(line) for line in out.read_text().splitlines()]
+    numbered = [f"requests.jsonl:{n}" for n, text in enumerate(texts) if text]
+    assert [a["id"] for a in answered] == numbered  # one line out per request line, in input order
+    assert summary["lines_in"] == summary["lines_out"] == len(good) + len(BAD) == 500
+    assert summary["duplicate_ids"] == 0
+
+    by_custom = {a["custom_id"]: a for a in answered}
+    with httpx.Client(base_url=served, timeout=120) as http:
+        for line in good:
+            got = by_custom[line["custom_id"]]["response"]
+            direct = http.post(line["url"], json=line["body"])
+            assert got["status_code"] == direct.status_code, line
+            assert comparable(got["body"]) == comparable(direct.json(), approx=True), line  # the route's very answer
+            assert got["request_id"]
+    for refused in ("refused-chat", "refused-field"):  # the routes' own refusals, passed through (compared above)
+        assert by_custom[refused]["response"]["status_code"] >= 400
+        assert by_custom[refused]["error"] == by_custom[refused]["response"]["body"]["error"]
+    assert sum(a["response"]["status_code"] == 200 for a in answered) == len(good) - 2
+
+    bad = [a for a in answered if a["custom_id"] not in {line["custom_id"] for line in good}]
+    assert len(bad) == len(BAD)
+    for a in bad:
+        assert a["response"]["status_code"] == 400
+        envelope = a["response"]["body"]["error"]
+        assert envelope["code"] == 400 and envelope["type"] and envelope["message"].startswith("invalid batch line")
+        assert a["error"] == envelope
+    assert {a["custom_id"] for a in bad} == {None, "no-url", "bad-url", "get", "streamed", "body-not-object"}
+    assert "url" in by_custom["bad-url"]["error"]["message"] and "stream" in by_custom["streamed"]["error"]["message"]
+
+    from ray import serve
+
+    handle = serve.get_deployment_handle("LLMServer", app_name="batch")
+    before = handle.stats.remote().result()["batcher"]["total_completed"]
+    again = driver.run(driver.parser().parse_args([*flags, "--resume"]))
+    assert handle.stats.remote().result()["batcher"]["total_completed"] == before  # every line was recorded
+    assert again["lines_skipped"] == again["lines_out"] == len(answered) and again["duplicate_ids"] == 0
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == numbered
+
+
+def test_the_openai_handle_method_answers_behind_an_api_key(deploy):
+    """The HTTP door wants a key; the handle method, trusted code inside the cluster, passes it as the route's
+    caller would, and answers what the route answers."""
+    key = "batch-test-key-0123456789abcdef"
+    handle = deploy("batch-keyed", api_key=key, simulated={"step_s": 0.001})
+    body = {"prompt": "behind the door", "max_tokens": 2}
+    answer = handle.openai.remote(COMPLETIONS, body).result()
+    assert answer["status_code"] == 200 and answer["body"]["choices"][0]["text"]
+    refused = handle.openai.remote(COMPLETIONS, {**body, "max_tokens": 0}).result()
+    assert refused["status_code"] >= 400 and refused["body"]["error"]["param"] == "max_tokens"
+    with pytest.raises(Exception, match="not JSON"):  # a stream is no JSON body: refused, not garbled
+        handle.openai.remote(COMPLETIONS, {**body, "stream": True}).result()
