@@ -126,6 +126,8 @@ def run_openai_batch(args: argparse.Namespace) -> dict[str, Any]:
         batch_size=args.batch_size or 8,
         resume=args.resume,
         progress_s=args.progress_s,
+        priority=args.priority,
+        tenant=args.tenant,
     )
     return {**summary, "wall_s": round(time.monotonic() - started, 2)}
 

@@ -126,6 +126,8 @@ def test_a_500_line_batch_file_is_answered_line_for_line_as_the_http_routes_answ
     from ray import serve
 
     handle = serve.get_deployment_handle("LLMServer", app_name="batch")
+    tenants = handle.stats.remote().result()["batcher"]["admitted_cost_by_tenant"]
+    assert any(tenant.startswith("ray-job-") for tenant in tenants), tenants  # lines without a user: the job's
     before = handle.stats.remote().result()["batcher"]["total_completed"]
     again = driver.run(driver.parser().parse_args([*flags, "--resume"]))
     assert handle.stats.remote().result()["batcher"]["total_completed"] == before  # every line was recorded
@@ -145,3 +147,18 @@ def test_the_openai_handle_method_answers_behind_an_api_key(deploy):
     assert refused["status_code"] >= 400 and refused["body"]["error"]["param"] == "max_tokens"
     with pytest.raises(Exception, match="not JSON"):  # a stream is no JSON body: refused, not garbled
         handle.openai.remote(COMPLETIONS, {**body, "stream": True}).result()
+
+
+def test_a_batch_jobs_lines_run_at_its_priority_and_tenant_unless_they_name_their_own():
+    from serve_app.openai.chat import ChatCompletionRequest
+    from serve_app.openai.common import JOB_ORIGIN, Origin
+
+    plain = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}])
+    named = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], priority=0, user="alice")
+    assert plain.origin == Origin(priority=0, tenant=None)  # an interactive request
+    token = JOB_ORIGIN.set(Origin(priority=1, tenant="ray-job-07"))
+    try:
+        assert plain.origin == Origin(priority=1, tenant="ray-job-07")  # a job's line: the job's
+        assert named.origin == Origin(priority=0, tenant="alice")  # a line that says: its own
+    finally:
+        JOB_ORIGIN.reset(token)

@@ -3,6 +3,8 @@
 exactly as that HTTP route would; each answer becomes an output line (``{"id", "custom_id", "response":
 {"status_code", "request_id", "body"}, "error"}``), in input order, one per request line. A line that is not a
 request (bad JSON, unknown url, ``stream``) becomes a 400 line in OpenAI's error envelope, never a failed job.
+A generation line runs at the job's ``priority`` (by default below interactive requests, as every Ray Data job)
+and counts against its tenant (by default the job), unless its body names its own ``priority`` or ``user``.
 
 The line and output models are vLLM's ``run-batch`` ones, with bodies kept as the routes' JSON. Each line's ``id``
 is its place in the file (``"requests.jsonl:17"``): the key Ray Data's checkpoint records, so a job run again
@@ -24,8 +26,9 @@ import numpy as np
 import pyarrow as pa
 from ray.data.datasource import BlockBasedFileDatasink
 
+from ..config import DATA_PRIORITY
 from ..errors import ERROR_TABLE, error_body, exception_body, validation_error
-from .jobs import Retries, actor_pool, app_handle
+from .jobs import Retries, actor_pool, app_handle, job_tenant
 from .progress import JobProgress, report
 from .resume import IO_CPUS, checkpointed, checkpointed_rows, positioned
 
@@ -77,8 +80,10 @@ class OpenAIBatchLines:
         backoff_s: float = 0.5,
         timeout_s: float = 600.0,
         progress: Any = None,
+        origin: dict[str, Any] | None = None,
     ) -> None:
         self.apps, self.progress = apps, progress
+        self.origin = origin or {}  # the job's priority and tenant, for generation lines (Replica.openai)
         self.handles: dict[str, Any] = {}
         self.line_model, self.output_model = batch_models()
         self.retries = Retries(max_retries, backoff_s, timeout_s)
@@ -112,7 +117,8 @@ class OpenAIBatchLines:
         """The app's answer, sent again while it is retryable (a failure, or a status the error table retries)."""
         try:
             answer = await self.retries.call(
-                lambda: self.handle(app).openai.remote(url, body), again=lambda a: a["status_code"] in RETRY_STATUSES
+                lambda: self.handle(app).openai.remote(url, body, **(self.origin if app == "llm" else {})),
+                again=lambda a: a["status_code"] in RETRY_STATUSES,
             )
         except Exception as exc:
             kind, envelope = exception_body(getattr(exc, "cause", None) or exc)
@@ -175,11 +181,14 @@ def run_batch_file(
     batch_size: int = 8,
     resume: bool = False,
     progress_s: float = 10.0,
+    priority: int = DATA_PRIORITY,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """Answer an OpenAI Batch file into ``output`` (one output line per request line, in input order) and return
     a summary. Parts and the checkpoint live beside ``output`` (``.parts``, ``.checkpoint``) until the job is run
     afresh; ``resume`` keeps them and sends only the lines not yet written. Progress is logged every
-    ``progress_s``."""
+    ``progress_s``. Generation lines run at ``priority`` and count against ``tenant`` (default: this job) unless
+    they name their own ``priority`` or ``user``."""
     requests, output = Path(requests), Path(output)
     parts, checkpoint = Path(f"{output}.parts"), Path(f"{output}.checkpoint")
     if not resume:
@@ -194,7 +203,11 @@ def run_batch_file(
     progress = JobProgress(lines_in - skipped, progress_s, "tok/s (output + embedded)")
     out = ds.map_batches(
         OpenAIBatchLines,
-        fn_constructor_kwargs={"apps": apps, "progress": progress.counter},
+        fn_constructor_kwargs={
+            "apps": apps,
+            "progress": progress.counter,
+            "origin": {"priority": priority, "tenant": tenant or job_tenant()},
+        },
         batch_size=batch_size,
         batch_format="numpy",
         compute=actor_pool(calls),

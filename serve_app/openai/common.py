@@ -7,6 +7,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Annotated, Any
 
 from fastapi import Depends, Header
@@ -117,6 +118,12 @@ KeyTenant = Annotated[str | None, Depends(api_key_tenant)]
 """An HTTP route's parameter: the request's API key as a tenant (:func:`api_key_tenant`)."""
 
 
+JOB_ORIGIN: ContextVar[Origin | None] = ContextVar("job_origin", default=None)
+"""Set while a replica answers a batch job's OpenAI body through its own HTTP app (``Replica.openai``): the
+priority and tenant of a body that names neither, so the job's lines run as a job (the body itself, which the
+route echoes in its answers, is left as it was)."""
+
+
 class OriginFields(BaseModel):
     """The body fields that say who a request comes from: OpenAI's ``user`` (its tenant) and vLLM's ``priority``;
     over HTTP, a request without ``user`` counts against its API key (:meth:`sent_with`)."""
@@ -131,8 +138,12 @@ class OriginFields(BaseModel):
 
     @property
     def origin(self) -> Origin:
-        """Its priority, and as its tenant its ``user``, else its API key's tenant."""
-        return Origin(priority=self.priority, tenant=self.user if self.user is not None else self._key_tenant)
+        """Its priority and, as its tenant, its ``user``; what it does not name comes from the batch job sending it
+        (:data:`JOB_ORIGIN`), else the default priority and its API key's tenant."""
+        job = JOB_ORIGIN.get()
+        priority = self.priority if job is None or "priority" in self.model_fields_set else job.priority
+        tenant = self.user if self.user is not None else job.tenant if job is not None else self._key_tenant
+        return Origin(priority=priority, tenant=tenant)
 
 
 class StreamOptions(BaseModel):

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from ..openai.common import JOB_ORIGIN, Origin
 from . import door
 from .autoscaling import replica_load
 from .http import error_response, install_error_handlers
@@ -113,17 +114,25 @@ class Replica:
             "max_model_len": self.core.engine.max_model_len,
         }
 
-    async def openai(self, url: str, body: Any) -> dict[str, Any]:
+    async def openai(
+        self, url: str, body: Any, *, priority: int | None = None, tenant: str | None = None
+    ) -> dict[str, Any]:
         """Answer an OpenAI request ``body`` for ``url`` (``/v1/chat/completions``, ...) exactly as the HTTP route
         does, by calling this replica's own HTTP app in process (its door, validation, route and error table):
-        ``{"status_code", "body"}``. What OpenAI Batch files are run through; JSON answers only (no ``stream``)."""
+        ``{"status_code", "body"}``. What OpenAI Batch files are run through; JSON answers only (no ``stream``).
+        ``priority`` and ``tenant``: a batch job's, for a generation body that names no ``priority`` or ``user``."""
         import httpx
 
         key = self.config.effective_api_key()
         headers = {} if key is None else {"Authorization": f"Bearer {key.get_secret_value()}"}
         transport = httpx.ASGITransport(app=self._asgi_app)  # set by @serve.ingress
-        async with httpx.AsyncClient(transport=transport, base_url="http://replica", timeout=None) as client:
-            response = await client.post(url, json=body, headers=headers)
+        job = None if priority is None else Origin(priority=priority, tenant=tenant)
+        token = JOB_ORIGIN.set(job)  # the route runs in this task (ASGITransport awaits the app here)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://replica", timeout=None) as client:
+                response = await client.post(url, json=body, headers=headers)
+        finally:
+            JOB_ORIGIN.reset(token)
         if not response.headers.get("content-type", "").startswith("application/json"):
             raise ValueError(f"{url} answered {response.headers.get('content-type')}, not JSON (is 'stream' set?)")
         return {"status_code": response.status_code, "body": response.json()}
