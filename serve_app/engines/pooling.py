@@ -25,7 +25,7 @@ from ..errors import EngineDeadError
 from ..models import BUNDLED
 from .embedding import EmbeddingEngine, EmbeddingRequest
 from .encoder import bundled_encoder_path
-from .vllm_engine import has_cuda, render_tokens, start_async_llm, tokenize_texts
+from .vllm_engine import AsyncLLMLifecycle, has_cuda, render_tokens, start_async_llm, tokenize_texts
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ STEPS_IN_FLIGHT = 2
 """An ``auto`` in-flight budget holds this many of vLLM's scheduler steps: one running, the next one ready."""
 
 
-class PoolingEngine(EmbeddingEngine):
+class PoolingEngine(AsyncLLMLifecycle, EmbeddingEngine):
     """An ``AsyncLLM`` with ``runner="pooling"`` over one embedding model; on a CPU-only host vLLM's CPU build."""
 
     name = "vllm"
@@ -119,21 +119,3 @@ class PoolingEngine(EmbeddingEngine):
     def stats(self) -> dict[str, Any]:
         """Inputs embedded, their tokens (no padding: vLLM packs them), aborts and failures so far."""
         return dict(self._counts)
-
-    async def check_health(self) -> None:
-        """Raise if vLLM's engine has died."""
-        if self._dead is not None:
-            raise EngineDeadError(f"vLLM engine is dead: {self._dead!r}")
-        try:
-            await self._llm.check_health()
-        except Exception as exc:
-            self._dead = exc
-            raise EngineDeadError(f"vLLM engine failed its health check: {exc!r}") from exc
-
-    def close(self) -> None:
-        """Shut vLLM's engine processes down (once)."""
-        llm, self._llm = self._llm, None
-        if llm is None:
-            return
-        self._dead = self._dead or EngineDeadError("shut down")
-        llm.shutdown()

@@ -183,7 +183,33 @@ async def render_tokens(llm: Any, token_ids: list[int]) -> Any:
     return engine_input
 
 
-class VLLMEngine(Engine):
+class AsyncLLMLifecycle:
+    """Health and shutdown of an engine that holds vLLM's ``AsyncLLM`` in ``_llm`` and the error that killed it
+    in ``_dead``: the generation and the pooling engine alike."""
+
+    _llm: Any
+    _dead: BaseException | None
+
+    async def check_health(self) -> None:
+        """Raise if vLLM's engine has died."""
+        if self._dead is not None:
+            raise EngineDeadError(f"vLLM engine is dead: {self._dead!r}")
+        try:
+            await self._llm.check_health()
+        except Exception as exc:
+            self._dead = exc
+            raise EngineDeadError(f"vLLM engine failed its health check: {exc!r}") from exc
+
+    def close(self) -> None:
+        """Shut vLLM's engine processes down (once; vLLM's own ``__del__`` would try again at interpreter exit)."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        self._dead = self._dead or EngineDeadError("shut down")
+        llm.shutdown()
+
+
+class VLLMEngine(AsyncLLMLifecycle, Engine):
     """An ``AsyncLLM`` over one model; on a CPU-only host it runs vLLM's CPU build."""
 
     name = "vllm"
@@ -300,20 +326,3 @@ class VLLMEngine(Engine):
 
     def stats(self) -> dict[str, int]:
         return dict(self._counts)
-
-    async def check_health(self) -> None:
-        if self._dead is not None:
-            raise EngineDeadError(f"vLLM engine is dead: {self._dead!r}")
-        try:
-            await self._llm.check_health()
-        except Exception as exc:
-            self._dead = exc
-            raise EngineDeadError(f"vLLM engine failed its health check: {exc!r}") from exc
-
-    def close(self) -> None:
-        """Shut vLLM's engine processes down (once; vLLM's own ``__del__`` would try again at interpreter exit)."""
-        llm, self._llm = self._llm, None
-        if llm is None:
-            return
-        self._dead = self._dead or EngineDeadError("shut down")
-        llm.shutdown()
