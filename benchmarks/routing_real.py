@@ -38,7 +38,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from .procs import descendants, processes
+from .procs import descendants, processes, replicas
 from .run import page, percentile
 from .serving import MODEL_NAME, running
 
@@ -129,10 +129,11 @@ def engines_started(ray_tmp: str) -> int:
 
 
 def pin_engines(ray_tmp: str) -> list[int]:
-    """Each ``VLLM::EngineCore`` process of the peer, with everything it started, onto a core of its own (every
-    thread: ``sched_setaffinity`` is per thread); their pids."""
+    """Each ``VLLM::EngineCore`` process of the peer's ``llm`` app, with everything it started, onto a core of its
+    own (every thread: ``sched_setaffinity`` is per thread); their pids."""
     table_ = processes(ray_tmp)
-    engines = sorted(pid for pid, proc in table_.items() if "VLLM::EngineCore" in proc.title)
+    below = descendants(table_, replicas(table_, "llm"))
+    engines = sorted(pid for pid in below if "VLLM::EngineCore" in table_[pid].title)
     cores = sorted(os.sched_getaffinity(0))
     for index, engine in enumerate(engines):
         for pid in {engine} | descendants(table_, [engine]):
@@ -163,7 +164,11 @@ def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, 
     kind, knobs = PEERS[name]
     threads = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "ENGINE_THREADS": "1"}
     if kind == "app":
-        fleet = {"autoscaling": {"min_replicas": REPLICAS, "max_replicas": REPLICAS}, "vllm": {"cpu_threads": 1}}
+        fleet = {
+            "autoscaling": {"min_replicas": REPLICAS, "max_replicas": REPLICAS},
+            "vllm": {"cpu_threads": 1},
+            "embeddings_app": None,  # the generation app alone, as Ray Serve LLM's
+        }
         started = running(kind, folder, workdir, 900, fleet={**fleet, **knobs}, extra_env=threads)
     else:
         extra = ["--replicas", str(REPLICAS), *(["--router", knobs["router"]] if knobs else [])]
@@ -175,6 +180,8 @@ def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, 
                 raise RuntimeError(f"{name}: {engines_started(ray_tmp)} of {REPLICAS} replicas started")
             time.sleep(2)
         pinned = pin_engines(ray_tmp)
+        if len(pinned) != REPLICAS:
+            raise RuntimeError(f"{name}: {len(pinned)} engines found to pin, not {REPLICAS}")
         warm = [{"at": 0.0, "kind": "chat", "prompt": "warm up " * 8, "max_tokens": 8} for _ in range(8)]
         asyncio.run(load(url, warm))
         row = {

@@ -148,7 +148,8 @@ def app_config(
     port: int, dest: Path, batcher: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None
 ) -> Path:
     """serve_config.yaml with only the HTTP port moved, one replica, the shared dtype (and ``batcher`` knobs;
-    ``fleet``: more of the app's args, each section merged over its own: e.g. replicas, router, threads)."""
+    ``fleet``: more of the app's args, each section merged over its own: e.g. replicas, router, threads;
+    ``embeddings_app: null`` leaves the embedding application out)."""
     import yaml
 
     text = re.sub(r"port: 8000", f"port: {port}", (ROOT / "serve_config.yaml").read_text(), count=1)
@@ -162,6 +163,8 @@ def app_config(
         args["batcher"] = {**(args.get("batcher") or {}), **batcher}
     for key, value in (fleet or {}).items():
         args[key] = {**(args.get(key) or {}), **value} if isinstance(value, dict) else value
+    if args.get("embeddings_app") is None:
+        config["applications"] = config["applications"][:1]
     dest.write_text(yaml.safe_dump(config, sort_keys=False))
     return dest
 
