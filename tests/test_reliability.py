@@ -161,11 +161,37 @@ async def test_overload_beyond_the_batcher_queue_gets_503_retry_after_and_retrie
 # -- Replica death --------------------------------------------------------------------------------------
 
 
-async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_instance, deploy):
-    import ray
+async def job_under_way(app: str, n: int) -> RowsInThread:
+    """A Ray Data job of ``n`` rows through ``app`` (8 requests of 4 rows in flight, retried), in a thread, once
+    80 rows are back: under way, to be disturbed."""
     import ray.data
 
     from serve_app.data import generate
+
+    rows = [{"id": i, "prompt": f"row {i} says"} for i in range(n)]
+    job = RowsInThread(
+        lambda: generate(
+            ray.data.from_items(rows), app=app, concurrency=8, batch_size=4, max_tokens=3, max_retries=20
+        ).iter_rows()
+    )
+    job.start()
+    await wait_for(lambda: len(job.rows) >= 80 or not job.is_alive(), 120, "the job to be under way")
+    assert job.is_alive(), f"the job ended before it could be disturbed: {job.failure}"
+    return job
+
+
+def assert_every_row_once(job: RowsInThread, n: int) -> None:
+    """The job succeeded with every row exactly once (none lost, none duplicated by a retry), each its own answer."""
+    assert not job.failure, job.failure
+    assert sorted(int(r["id"]) for r in job.rows) == list(range(n))
+    for row in job.rows:
+        assert row["error"] is None, row
+        assert row["text"] == f"[simulated] row {row['id']} says", row
+
+
+async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_instance, deploy):
+    import ray
+    import ray.data
 
     deploy(
         "phoenix",
@@ -175,26 +201,13 @@ async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_insta
     await wait_for(lambda: running_replicas("phoenix") == 2, 60, "two replicas")
     before = replica_actors("phoenix")
     n = 600
-    rows = [{"id": i, "prompt": f"row {i} says"} for i in range(n)]
-    job = RowsInThread(
-        lambda: generate(
-            ray.data.from_items(rows), app="phoenix", concurrency=8, batch_size=4, max_tokens=3, max_retries=20
-        ).iter_rows()
-    )
-    job.start()
-    await wait_for(lambda: len(job.rows) >= 80 or not job.is_alive(), 120, "the job to be under way")
-    assert job.is_alive(), f"the job ended before the kill: {job.failure}"
+    job = await job_under_way("phoenix", n)
     victim = before[0]
     rows_at_kill = len(job.rows)
     killed_at = time.monotonic()
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
     await asyncio.to_thread(job.join, 300)
-    assert not job.failure, job.failure
-    ids = [int(r["id"]) for r in job.rows]
-    assert sorted(ids) == list(range(n))  # every row exactly once: none lost, none duplicated by a retry
-    for row in job.rows:
-        assert row["error"] is None, row
-        assert row["text"] == f"[simulated] row {row['id']} says", row
+    assert_every_row_once(job, n)
     # Serve replaced the killed replica.
     await wait_for(
         lambda: running_replicas("phoenix") == 2 and victim not in replica_actors("phoenix"), 120, "a new replica"
@@ -212,38 +225,22 @@ async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_insta
 async def test_redeploying_a_changed_config_mid_job_loses_and_duplicates_no_row(serve_instance, deploy):
     """``serve deploy`` of a changed config while a Ray Data job runs: Serve replaces every replica (a rolling
     update, old replicas drained), and the job still gets every row exactly once, without an error."""
-    import ray.data
-
-    from serve_app.data import generate
 
     config = {"autoscaling": {"min_replicas": 2, "max_replicas": 2}, "simulated": {"step_s": 0.2}}
     deploy("redeploy", **config)
     await wait_for(lambda: running_replicas("redeploy") == 2, 60, "two replicas")
     before = set(replica_actors("redeploy"))
     n = 1_200  # about 25 s of work: the rolling update (new replicas up, old ones drained) ends well before
-    rows = [{"id": i, "prompt": f"row {i} says"} for i in range(n)]
-    job = RowsInThread(
-        lambda: generate(
-            ray.data.from_items(rows), app="redeploy", concurrency=8, batch_size=4, max_tokens=3, max_retries=20
-        ).iter_rows()
-    )
-    job.start()
-    await wait_for(lambda: len(job.rows) >= 80 or not job.is_alive(), 120, "the job to be under way")
-    assert job.is_alive(), f"the job ended before the redeploy: {job.failure}"
+    job = await job_under_way("redeploy", n)
     rows_at_redeploy = len(job.rows)
     changed = {**config, "simulated": {"step_s": 0.15}}  # a new config: every replica is replaced
     await asyncio.to_thread(deploy, "redeploy", **changed)  # returns once the new replicas run
     replaced = not before & set(replica_actors("redeploy"))
     rows_at_replaced = len(job.rows)
     await asyncio.to_thread(job.join, 300)
-    assert not job.failure, job.failure
     assert replaced, f"old replicas still serve: {before & set(replica_actors('redeploy'))}"
     assert rows_at_replaced < n, "the job ended before the new replicas took over: nothing was tested"
-    ids = [int(r["id"]) for r in job.rows]
-    assert sorted(ids) == list(range(n))  # every row exactly once: none lost, none duplicated by a retry
-    for row in job.rows:
-        assert row["error"] is None, row
-        assert row["text"] == f"[simulated] row {row['id']} says", row
+    assert_every_row_once(job, n)
     FIGURES["config redeployed mid Ray Data job"] = {
         "rows": n,
         "rows_done_at_redeploy": rows_at_redeploy,
