@@ -85,14 +85,16 @@ class _Routed:
 
 class _Books:
     """The requests this router sent one replica that its latest report (measured at ``at``) does not count yet,
-    and their tokens (``delta``). A report counts a request routed ``settle_s`` before it was measured; a request
-    that completes leaves at once. (One that completes after a report counted it is not taken off until the next
-    report: a report counts a batch's prompts only while they run, so its full cost would be too much.)"""
+    their tokens (``delta``) and how many they are (``requests``), both kept as requests come and go. A report
+    counts a request routed ``settle_s`` before it was measured; a request that completes leaves at once. (One
+    that completes after a report counted it is not taken off until the next report: a report counts a batch's
+    prompts only while they run, so its full cost would be too much.)"""
 
     def __init__(self, settle_s: float) -> None:
         self.settle_s = settle_s
         self.stamp = self.at = -math.inf
         self.delta = 0.0
+        self.requests = 0
         self.fresh: dict[str, list[_Routed]] = {}  # by internal request id (dependent calls may share one)
 
     def report(self, stamp: float, now: float) -> None:
@@ -109,16 +111,13 @@ class _Books:
             else:
                 del self.fresh[internal_id]
         self.delta = sum(r.cost for entries in self.fresh.values() for r in entries)
-
-    @property
-    def requests(self) -> int:
-        """Requests sent since the report (and not completed)."""
-        return sum(len(entries) for entries in self.fresh.values())
+        self.requests = sum(len(entries) for entries in self.fresh.values())
 
     def add(self, routed: _Routed) -> None:
         if routed.at > self.at - self.settle_s:
             self.fresh.setdefault(routed.internal_id, []).append(routed)
             self.delta += routed.cost
+            self.requests += 1
 
     def remove(self, routed: _Routed) -> bool:
         entries = self.fresh.get(routed.internal_id, [])
@@ -128,6 +127,7 @@ class _Books:
                 if not entries:
                     del self.fresh[routed.internal_id]
                 self.delta -= routed.cost
+                self.requests -= 1
                 return True
         return False
 
