@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,20 @@ pytestmark = pytest.mark.serve
 @pytest.fixture(scope="module")
 def app(deploy_app):
     return deploy_app("resume", simulated={"step_s": 0.05}, autoscaling={"target_ongoing_requests": 8})
+
+
+def kill_once_written(run: subprocess.Popen, count: Callable[[], int], at_least: int) -> None:
+    """Kill ``run`` once ``count()`` (what it has written) reaches ``at_least``: waiting on its output, not on a
+    clock; it must not have ended by then."""
+    try:
+        deadline = time.monotonic() + 180
+        while count() < at_least:
+            assert run.poll() is None, "the first run ended before it could be killed"
+            assert time.monotonic() < deadline, "the first run wrote nothing in 180 s"
+            time.sleep(0.2)
+    finally:
+        run.kill()
+        run.wait()
 
 
 def written(folder: Path) -> list[dict]:
@@ -45,15 +60,7 @@ def test_a_killed_driver_resumes_with_only_the_unwritten_rows(app, tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
-        deadline = time.monotonic() + 180
-        while len(written(out)) < 40:  # wait on the output, not on a clock
-            assert first.poll() is None, "the first run ended before it could be killed"
-            assert time.monotonic() < deadline, "the first run wrote nothing in 180 s"
-            time.sleep(0.2)
-    finally:
-        first.kill()
-        first.wait()
+    kill_once_written(first, lambda: len(written(out)), 40)
     partial = len(written(out))
     assert 40 <= partial < rows, partial
     idle(app)
@@ -199,15 +206,7 @@ def test_a_killed_openai_batch_job_resumes_with_only_the_unwritten_lines(app, tm
     def parted() -> int:
         return sum(f.read_text().count("\n") for f in parts.glob("*.jsonl")) if parts.is_dir() else 0
 
-    try:
-        deadline = time.monotonic() + 180
-        while parted() < 24:  # wait on the output, not on a clock
-            assert first.poll() is None, "the first run ended before it could be killed"
-            assert time.monotonic() < deadline, "the first run wrote nothing in 180 s"
-            time.sleep(0.2)
-    finally:
-        first.kill()
-        first.wait()
+    kill_once_written(first, parted, 24)
     assert not out.exists()  # the output is assembled only when every line is answered
     idle(handle)
     before = completed(handle)
