@@ -7,6 +7,8 @@ of its own):
 
   app-tokens            serve_config.yaml's app, 2 replicas, ``routing.router: tokens`` (its default)
   app-serve             the same app with ``routing.router: serve``: Serve's power of two choices as shipped
+  app-*-nice0           either with ``vllm.cpu_replica_niceness: 0``: the replicas' own work (HTTP, tokenizing,
+                        admission, streaming) no longer yields to the engines on the same cores
   ray-serve-llm         Ray Serve LLM (``build_openai_app``), 2 replicas, Serve's default router, as shipped
   ray-serve-llm-prefix  the same with Ray Serve LLM's ``PrefixCacheAffinityRouter``
 
@@ -47,6 +49,8 @@ REPLICAS = 2
 PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "app-tokens": ("app", {"routing": {"router": "tokens"}}),
     "app-serve": ("app", {"routing": {"router": "serve"}}),
+    "app-tokens-nice0": ("app", {"routing": {"router": "tokens"}, "vllm": {"cpu_replica_niceness": 0}}),
+    "app-serve-nice0": ("app", {"routing": {"router": "serve"}, "vllm": {"cpu_replica_niceness": 0}}),
     "ray-serve-llm": ("ray-serve-llm", {}),
     "ray-serve-llm-prefix": ("ray-serve-llm", {"router": "ray.serve.llm.request_router.PrefixCacheAffinityRouter"}),
 }
@@ -169,7 +173,8 @@ def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, 
             "vllm": {"cpu_threads": 1},
             "embeddings_app": None,  # the generation app alone, as Ray Serve LLM's
         }
-        started = running(kind, folder, workdir, 900, fleet={**fleet, **knobs}, extra_env=threads)
+        merged = {key: {**fleet.get(key, {}), **value} for key, value in knobs.items()}  # a knob keeps its section
+        started = running(kind, folder, workdir, 900, fleet={**fleet, **merged}, extra_env=threads)
     else:
         extra = ["--replicas", str(REPLICAS), *(["--router", knobs["router"]] if knobs else [])]
         started = running(kind, folder, workdir, 900, extra, extra_env=threads)

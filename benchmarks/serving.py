@@ -261,6 +261,19 @@ def running(
         stop(proc, ray_tmp)
 
 
+def run_driver(ray_tmp: str, argv: list[str], timeout_s: float = 3600) -> dict[str, Any]:
+    """``python -m serve_app.driver`` with ``argv`` into the app whose cluster is under ``ray_tmp``, as a user runs
+    it; the summary it prints. Raises RuntimeError with its stderr's tail when it fails outright (exit 1, some
+    rows missing, still returns the summary)."""
+    command = [str(BIN / "python"), "-m", "serve_app.driver", *argv]
+    env_ = {**env(), "RAY_TMPDIR": ray_tmp}
+    done = subprocess.run(command, cwd=ROOT, env=env_, capture_output=True, text=True, timeout=timeout_s)
+    start = re.search(r"^\{$", done.stdout, re.M)
+    if done.returncode not in (0, 1) or start is None:
+        raise RuntimeError(f"driver failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout[start.start() :])
+
+
 def serve_ray_llm(port: int, folder: str, replicas: int = 1, router: str | None = None) -> None:
     """Ray Serve LLM's OpenAI app on CPU, in this process's own Ray cluster, until SIGINT (``replicas`` engines;
     ``router``: a request router class's import path, else Serve's default)."""

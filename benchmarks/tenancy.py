@@ -32,9 +32,7 @@ import asyncio
 import json
 import math
 import random
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .run import percentile
-from .serving import BIN, MODEL_NAME, ROOT, env, running
+from .serving import MODEL_NAME, ROOT, run_driver, running
 
 ONLINE_SHARE = 0.3
 ONLINE_TOKENS = 32
@@ -165,14 +163,8 @@ async def vllm_job(url: str, path: Path, priority: int) -> dict[str, Any]:
 
 def app_job(ray_tmp: str, path: Path, out: Path, priority: int) -> dict[str, Any]:
     """The Ray Data driver into the app's cluster, as a user runs it (``--max-tokens``, ``--priority``)."""
-    argv = [str(BIN / "python"), "-m", "serve_app.driver", "--input", str(path), "--output", str(out)]
-    argv += ["--max-tokens", str(JOB_TOKENS), "--priority", str(priority)]
-    done = subprocess.run(
-        argv, cwd=ROOT, env={**env(), "RAY_TMPDIR": ray_tmp}, capture_output=True, text=True, timeout=3600
-    )
-    if done.returncode not in (0, 1):
-        raise RuntimeError(f"driver failed ({done.returncode}): {done.stderr[-2000:]}")
-    summary = json.loads(done.stdout[re.search(r"^\{$", done.stdout, re.M).start() :])  # the summary it prints
+    argv = ["--input", str(path), "--output", str(out), "--max-tokens", str(JOB_TOKENS), "--priority", str(priority)]
+    summary = run_driver(ray_tmp, argv)
     return {
         "job_rows": summary["rows_out"],
         "job_errors": summary["errors"],

@@ -48,14 +48,18 @@ def replica_stats(app: str, deployment: str, probes: int = 24) -> dict[str, dict
 
 def batch_summary(before: dict[str, dict], after: dict[str, dict]) -> dict[str, Any]:
     """What the replicas seen did during the run: requests completed, and how full their engines were kept
-    (continuous admission: the mean requests in flight; batch mode: the mean batch size), with utilization."""
+    (continuous admission: the mean requests in flight; batch mode: the mean batch size), with utilization: the
+    fraction of the run's time each replica had work (its busy and idle clocks between the two probes; a replica
+    first seen after the run counts from its start), averaged over the replicas."""
     completed = batches = 0
     utilization, in_flight = [], []
     for replica, stats in after.items():
         prior = before.get(replica, {})
         completed += stats["total_completed"] - prior.get("total_completed", 0)
         batches += stats.get("total_batches", 0) - prior.get("total_batches", 0)
-        utilization.append(stats["utilization"])
+        busy = stats["busy_time_s"] - prior.get("busy_time_s", 0.0)
+        running = busy + stats["idle_time_s"] - prior.get("idle_time_s", 0.0)
+        utilization.append(busy / running if running > 0 else 0.0)
         in_flight.append(stats.get("mean_in_flight", 0.0))
     summary: dict[str, Any] = {"replicas": len(after), "completed": completed}
     if batches:
@@ -182,8 +186,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with progress:
         write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode=mode)
     wall = time.monotonic() - started
+    after = replica_stats(app, deployment)  # before reading the output back: that time is not the job's
     result = summarize(args.output, args.format, "answer" in columns and not embedding, args.task, args.id_column)
-    after = replica_stats(app, deployment)
     summary = {
         "rows_in": rows_in,
         "rows_skipped": skipped,
