@@ -30,7 +30,7 @@ from typing import Any
 from batching import ContinuousBatcher
 from serve_app.config import ContinuousSettings
 from serve_app.engines import GenerationRequest, SamplingOptions
-from serve_app.engines.vllm_engine import llm_kv_cache_tokens, llm_max_running
+from serve_app.engines.async_llm import llm_kv_cache_tokens, llm_max_running
 
 from .e2e import Direct, app_args, burst_requests
 from .run import table

@@ -28,9 +28,10 @@ from ray.data.datasource import BlockBasedFileDatasink
 
 from ..config import DATA_PRIORITY
 from ..errors import ERROR_TABLE, error_body, exception_body, validation_error
-from .jobs import Retries, actor_pool, app_handle, job_tenant
+from .jobs import actor_pool, app_handle, job_tenant
 from .progress import JobProgress, report
 from .resume import IO_CPUS, checkpointed, checkpointed_rows, positioned
+from .retries import Retries
 
 logger = logging.getLogger(__name__)
 

@@ -11,28 +11,25 @@ fails gets an error value in its rows, or fails the job with ``fail_fast=True``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..config import DATA_PRIORITY
 from ..core.embedder import error_row as embed_error_row
 from ..core.generator import error_row as generate_error_row
-from ..errors import classify
 from .progress import report
 from .resume import checkpointed
+from .retries import Retries
 from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, rows_out, texts
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 DEFAULT_BATCH_SIZE = 8
 EMBED_BATCH_SIZE = 64
@@ -43,54 +40,6 @@ CALLS_PER_ACTOR = 128
 
 class RowFailedError(RuntimeError):
     """A row failed and ``fail_fast`` was asked for."""
-
-
-def retryable(exc: BaseException) -> bool:
-    """Whether a handle call's failure may succeed on retry: what the error table retries, a timeout, and Ray's
-    and Serve's own signs of a replica gone, restarting or overloaded."""
-    from ray import exceptions as ray_exceptions
-    from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
-
-    cause = getattr(exc, "cause", None) or exc
-    ray_transient = (
-        ray_exceptions.RayActorError,
-        ray_exceptions.ActorUnavailableError,
-        ray_exceptions.ObjectLostError,
-        BackPressureError,
-        DeploymentUnavailableError,
-        TimeoutError,
-    )
-    return classify(cause).retry or isinstance(cause, ray_transient) or isinstance(exc, ray_transient)
-
-
-@dataclass(frozen=True)
-class Retries:
-    """How a job's handle calls are retried: at most ``max_retries`` times, with exponential backoff from
-    ``backoff_s`` (jittered), each call given ``timeout_s`` (then it counts as retryable)."""
-
-    max_retries: int = 6
-    backoff_s: float = 0.5
-    timeout_s: float = 600.0
-
-    async def call(self, send: Callable[[], Awaitable[T]], again: Callable[[T], bool] = lambda _: False) -> T:
-        """``send()``'s answer, sent again while it fails retryably or ``again(answer)`` says the answer asks for
-        it; once the retries are spent, the last answer, or the last failure raised."""
-        for attempt in range(self.max_retries + 1):
-            last = attempt == self.max_retries
-            try:
-                answer = await asyncio.wait_for(send(), timeout=self.timeout_s)
-            except Exception as exc:
-                if last or not retryable(exc):
-                    raise
-                why = type(exc).__name__
-            else:
-                if last or not again(answer):
-                    return answer
-                why = "a retryable answer"
-            delay = self.backoff_s * 2**attempt * (0.5 + random.random())
-            logger.info("retryable failure (%s); retry %d in %.1f s", why, attempt + 1, delay)
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
 
 
 class _ServeRows:

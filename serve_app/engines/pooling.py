@@ -23,9 +23,9 @@ from typing import Any
 from ..config.embeddings import PoolingSettings
 from ..errors import EngineDeadError
 from ..models import BUNDLED
+from .async_llm import AsyncLLMLifecycle, has_cuda, render_tokens, start_async_llm, tokenize_texts
 from .embedding import EmbeddingEngine, EmbeddingRequest
 from .encoder import bundled_encoder_path
-from .vllm_engine import AsyncLLMLifecycle, has_cuda, render_tokens, start_async_llm, tokenize_texts
 
 logger = logging.getLogger(__name__)
 

@@ -37,17 +37,16 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
   choices on ongoing requests, with its locality preference).
 
 Every process that routes (the HTTP proxy, each handle's owner) imports this module: it imports nothing of the
-app but two metric names and the cost estimates (:mod:`serve_app.serving.request_cost`).
+app but two metric names, the cost estimates (:mod:`serve_app.serving.request_cost`) and its books of what it
+sent each replica since its report (:mod:`serve_app.serving.routing_books`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
@@ -62,6 +61,7 @@ from ray.serve.request_router import (
 
 from .autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD
 from .request_cost import asgi_scope, handle_cost, http_cost
+from .routing_books import Books, Routed
 
 if TYPE_CHECKING:
     from ray.serve._private.replica_result import ReplicaResult
@@ -70,71 +70,6 @@ logger = logging.getLogger("serve_app")
 
 MAX_CHOICES = 10_000
 """Requests chosen but never confirmed routed (cancelled while queued) are forgotten beyond this many."""
-
-
-@dataclass(eq=False)  # identity: two requests may look alike
-class _Routed:
-    """A request this router sent (or is about to send) to a replica: its cost and since when."""
-
-    internal_id: str
-    cost: float
-    replica_id: ReplicaID
-    at: float
-    routed: bool = False  # the replica took it (on_request_routed); else only chosen so far
-
-
-class _Books:
-    """The requests this router sent one replica that its latest report (measured at ``at``) does not count yet,
-    their tokens (``delta``) and how many they are (``requests``), both kept as requests come and go. A report
-    counts a request routed ``settle_s`` before it was measured; a request that completes leaves at once. (One
-    that completes after a report counted it is not taken off until the next report: a report counts a batch's
-    prompts only while they run, so its full cost would be too much.)"""
-
-    def __init__(self, settle_s: float) -> None:
-        self.settle_s = settle_s
-        self.stamp = self.at = -math.inf
-        self.delta = 0.0
-        self.requests = 0
-        self.fresh: dict[str, list[_Routed]] = {}  # by internal request id (dependent calls may share one)
-
-    def report(self, stamp: float, now: float) -> None:
-        """A new report (its ``at``, seen ``now``): forget what it counts (once per report, over the requests sent
-        since the last). It was measured before it was seen, whatever the replica's clock says."""
-        if stamp == self.stamp:
-            return
-        self.stamp, self.at = stamp, min(stamp, now)
-        cutoff = self.at - self.settle_s
-        for internal_id, entries in list(self.fresh.items()):
-            kept = [r for r in entries if r.at > cutoff]
-            if kept:
-                self.fresh[internal_id] = kept
-            else:
-                del self.fresh[internal_id]
-        self.delta = sum(r.cost for entries in self.fresh.values() for r in entries)
-        self.requests = sum(len(entries) for entries in self.fresh.values())
-
-    def add(self, routed: _Routed) -> None:
-        if routed.at > self.at - self.settle_s:
-            self.fresh.setdefault(routed.internal_id, []).append(routed)
-            self.delta += routed.cost
-            self.requests += 1
-
-    def remove(self, routed: _Routed) -> bool:
-        entries = self.fresh.get(routed.internal_id, [])
-        for index, other in enumerate(entries):
-            if other is routed:
-                del entries[index]
-                if not entries:
-                    del self.fresh[routed.internal_id]
-                self.delta -= routed.cost
-                self.requests -= 1
-                return True
-        return False
-
-    def complete(self, internal_id: str) -> None:
-        entries = self.fresh.get(internal_id)
-        if entries:
-            self.remove(next((r for r in entries if r.routed), entries[0]))
 
 
 def _key(request: PendingRequest) -> tuple[int, float]:
@@ -173,8 +108,8 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self.settle_s = settle_s
         self.tie_fraction = tie_fraction
         self.unknown_cost = float(unknown_cost if unknown_cost is not None else 128 + default_max_tokens)
-        self._books: dict[ReplicaID, _Books] = {}  # per replica: what its report does not show yet
-        self._chosen: dict[tuple[int, float], _Routed] = {}  # by _key(request): chosen, not yet seen routed
+        self._books: dict[ReplicaID, Books] = {}  # per replica: what its report does not show yet
+        self._chosen: dict[tuple[int, float], Routed] = {}  # by _key(request): chosen, not yet seen routed
         self._degraded = False
 
     # -- Cost and load --------------------------------------------------------------------------------------
@@ -261,7 +196,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         same = previous is not None and previous.internal_id == internal_id
         cost = previous.cost if same else self.estimate_cost(pending_request)  # type: ignore[union-attr]
         ranked = self.rank(candidate_replicas, held, cost)  # type: ignore[arg-type]
-        self._count(pending_request, _Routed(internal_id, cost, ranked[0].replica_id, now))
+        self._count(pending_request, Routed(internal_id, cost, ranked[0].replica_id, now))
         pending_request.routing_context.should_backoff = True  # back off between passes when every replica is full
         return [[replica] for replica in ranked]
 
@@ -275,7 +210,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         chosen = self._chosen.pop(_key(pending_request), None)
         internal_id = pending_request.metadata.internal_request_id
         if chosen is None or chosen.internal_id != internal_id:
-            chosen = _Routed(internal_id, self.estimate_cost(pending_request), replica_id, 0.0)
+            chosen = Routed(internal_id, self.estimate_cost(pending_request), replica_id, 0.0)
         else:
             self._book(chosen.replica_id).remove(chosen)
         chosen.replica_id, chosen.at, chosen.routed = replica_id, time.time(), True
@@ -298,13 +233,13 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
 
     # -- Bookkeeping ----------------------------------------------------------------------------------------
 
-    def _book(self, replica_id: ReplicaID) -> _Books:
+    def _book(self, replica_id: ReplicaID) -> Books:
         books = self._books.get(replica_id)
         if books is None:
-            books = self._books[replica_id] = _Books(self.settle_s)
+            books = self._books[replica_id] = Books(self.settle_s)
         return books
 
-    def _count(self, request: PendingRequest, chosen: _Routed) -> None:
+    def _count(self, request: PendingRequest, chosen: Routed) -> None:
         """Count ``request`` at the replica it was just ranked first for (a burst chosen back to back spreads
         before any of it reaches a replica); a second pass for the same request moves it."""
         key = _key(request)

@@ -1,0 +1,196 @@
+"""vLLM's ``AsyncLLM`` as both vLLM engines (generation and pooling) hold it: started with the CPU host prepared
+for it (KV cache space, compute threads, the replica yielding its cores), prompts tokenized and rendered by vLLM's
+own renderer, and its health and shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from ..config import VLLMSettings
+from .base import EngineDeadError
+
+logger = logging.getLogger(__name__)
+
+
+def has_cuda() -> bool:
+    """Whether this process sees a CUDA GPU (False when torch is absent or CPU-only)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def cpu_dtype() -> str:
+    """The dtype for vLLM's CPU build: float32. Emulated bfloat16 is about 6x slower than float32 on an
+    AVX2-only CPU (7 vs 44 output tokens/s for the bundled model, measured here), and on a CPU with native
+    bfloat16 (AMX) vLLM-CPU's bfloat16 path answered the bundled model's "What is the capital of France?"
+    with nonsense where float32 says Paris. Set ``vllm.dtype: bfloat16`` explicitly to trade that for speed."""
+    return "float32"
+
+
+def resolve_dtype(dtype: str, on_gpu: bool) -> str:
+    """``auto`` means the model's own dtype on a GPU and :func:`cpu_dtype` on a CPU."""
+    return dtype if dtype != "auto" or on_gpu else cpu_dtype()
+
+
+def llm_kv_cache_tokens(llm: Any) -> int | None:
+    """Tokens an ``AsyncLLM``'s KV cache holds: vLLM's block count (known once its engine is up) x block size."""
+    cache = llm.vllm_config.cache_config
+    return cache.num_gpu_blocks * cache.block_size if cache.num_gpu_blocks else None
+
+
+def llm_max_running(llm: Any) -> int:
+    """An ``AsyncLLM``'s scheduler cap on running requests (``max_num_seqs``)."""
+    return llm.vllm_config.scheduler_config.max_num_seqs
+
+
+@contextmanager
+def scoped_environ(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` inside the block, what was there before after it."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def yield_cores(niceness: int) -> None:
+    """Run this process at ``niceness`` from now on (never lower than it is: that needs privileges). Linux
+    keeps a niceness per thread, so each thread is set; threads started later inherit their creator's. The
+    engine processes already started keep theirs."""
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc (not Linux): niceness is per process there
+        threads = [0]
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, max(niceness, os.getpriority(os.PRIO_PROCESS, tid)))
+        except OSError:  # a thread that ended meanwhile
+            continue
+
+
+def start_async_llm(
+    model: str,
+    settings: VLLMSettings,
+    on_gpu: bool,
+    extra: dict[str, Any] | None = None,
+    start_env: dict[str, str] | None = None,
+) -> Any:
+    """vLLM's ``AsyncLLM`` over ``model`` as ``settings`` say (``extra``: more ``AsyncEngineArgs``, which win), with
+    the CPU host prepared for it: its KV cache space, its compute threads, this process yielding the cores to it.
+    ``start_env``: environment variables for vLLM's engine processes only (set while they start). Both vLLM
+    engines (generation and pooling) start here."""
+    if os.path.isdir(model):  # a local folder: never let transformers or vLLM try the hub
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    start_env = dict(start_env or {})
+    if not on_gpu:
+        # Scoped, so a second engine in this process (a pooling and a generation one) gets its own; set in the
+        # environment, it wins.
+        kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gb))
+        start_env.setdefault("VLLM_CPU_KVCACHE_SPACE", kv_space)
+        # Ray sets OMP_NUM_THREADS to a replica's logical CPUs (1 for num_cpus < 1), and vLLM's engine
+        # process inherits it: one compute thread on a multi-core host (measured: 0.91x the tokens/s of
+        # the same engine outside Ray on 2 cores). The engine gets the cores it may run on.
+        threads = settings.cpu_threads if settings.cpu_threads != "auto" else len(os.sched_getaffinity(0))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        niceness = os.nice(0)
+        if niceness > 0:  # Ray starts its workers at nice 15; the engine's processes inherit it
+            logger.warning(
+                "this replica runs at nice %d (Ray's worker_niceness) and vLLM's CPU engine inherits it, so "
+                "every other process that wakes on the engine's cores runs ahead of the model: set "
+                "RAY_worker_niceness=0 where Ray starts (serve.env; `make serve` does)",
+                niceness,
+            )
+    from vllm import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args: dict[str, Any] = {
+        "model": model,
+        "dtype": resolve_dtype(settings.dtype, on_gpu),
+        "enforce_eager": settings.enforce_eager if settings.enforce_eager is not None else not on_gpu,
+        "disable_log_stats": True,
+    }
+    if settings.max_model_len is not None:  # None: the model's own (a pooling model's)
+        args["max_model_len"] = settings.max_model_len
+    if on_gpu:
+        args["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    if settings.max_num_seqs is not None:
+        args["max_num_seqs"] = settings.max_num_seqs
+    args.update(extra or {})
+    logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
+    # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
+    # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
+    with scoped_environ(start_env):  # the engine's processes are spawned (and inherit it) before this returns
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
+    if not on_gpu and settings.cpu_replica_niceness > 0:
+        # On a CPU the engine's threads compute on every core, and a step waits for its slowest thread, so
+        # whatever runs beside them stalls the whole step. The replica's own work (HTTP, streaming,
+        # detokenizing) can wait for the gaps between steps. Measured with `vllm bench serve`, 64-request
+        # chat bursts on 2 cores, 3 paired rounds: median TTFT 8.6-8.8 s with the replica at nice 0, 7.0-7.5 s
+        # at 19, vllm serve 6.7-7.2 s (benchmarks/results/serving.md).
+        yield_cores(settings.cpu_replica_niceness)
+        logger.info("this process now at nice %d, below its engine's processes", settings.cpu_replica_niceness)
+    return llm
+
+
+async def tokenize_prompts(llm: Any, prompts: list[Any], **params: Any) -> list[Any]:
+    """vLLM's renderer tokenizing (or detokenizing) ``prompts`` on its own thread pool (no second tokenizer)."""
+    from vllm.renderers.params import TokenizeParams
+
+    return await llm.renderer.tokenize_prompts_async(prompts, TokenizeParams(None, **params))
+
+
+async def tokenize_texts(llm: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of plain texts as vLLM's completions and embeddings routes tokenize them (special tokens added)."""
+    from vllm.inputs import TextPrompt
+
+    prompts = await tokenize_prompts(llm, [TextPrompt(prompt=text) for text in texts], add_special_tokens=True)
+    return [list(prompt["prompt_token_ids"]) for prompt in prompts]
+
+
+async def render_tokens(llm: Any, token_ids: list[int]) -> Any:
+    """A tokenized prompt through vLLM's renderer, ready for ``generate`` or ``encode`` (raw prompts to them are
+    deprecated)."""
+    from vllm.inputs import TokensPrompt
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+    parsed = parse_model_prompt(llm.model_config, TokensPrompt(prompt_token_ids=token_ids))
+    (engine_input,) = await llm.renderer.render_cmpl_async([parsed])
+    return engine_input
+
+
+class AsyncLLMLifecycle:
+    """Health and shutdown of an engine that holds vLLM's ``AsyncLLM`` in ``_llm`` and the error that killed it
+    in ``_dead``: the generation and the pooling engine alike."""
+
+    _llm: Any
+    _dead: BaseException | None
+
+    async def check_health(self) -> None:
+        """Raise if vLLM's engine has died."""
+        if self._dead is not None:
+            raise EngineDeadError(f"vLLM engine is dead: {self._dead!r}")
+        try:
+            await self._llm.check_health()
+        except Exception as exc:
+            self._dead = exc
+            raise EngineDeadError(f"vLLM engine failed its health check: {exc!r}") from exc
+
+    def close(self) -> None:
+        """Shut vLLM's engine processes down (once; vLLM's own ``__del__`` would try again at interpreter exit)."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        self._dead = self._dead or EngineDeadError("shut down")
+        llm.shutdown()
