@@ -7,8 +7,8 @@ of its own):
 
   app-tokens            serve_config.yaml's app, 2 replicas, ``routing.router: tokens`` (its default)
   app-serve             the same app with ``routing.router: serve``: Serve's power of two choices as shipped
-  app-*-nice0           either with ``vllm.cpu_replica_niceness: 0``: the replicas' own work (HTTP, tokenizing,
-                        admission, streaming) no longer yields to the engines on the same cores
+  app-*-nice19          either with ``vllm.cpu_replica_niceness: 19`` (the default before 2026-11-25): the
+                        replicas' own work (HTTP, tokenizing, admission, streaming) yields to the engines' compute
   ray-serve-llm         Ray Serve LLM (``build_openai_app``), 2 replicas, Serve's default router, as shipped
   ray-serve-llm-prefix  the same with Ray Serve LLM's ``PrefixCacheAffinityRouter``
 
@@ -49,8 +49,8 @@ REPLICAS = 2
 PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "app-tokens": ("app", {"routing": {"router": "tokens"}}),
     "app-serve": ("app", {"routing": {"router": "serve"}}),
-    "app-tokens-nice0": ("app", {"routing": {"router": "tokens"}, "vllm": {"cpu_replica_niceness": 0}}),
-    "app-serve-nice0": ("app", {"routing": {"router": "serve"}, "vllm": {"cpu_replica_niceness": 0}}),
+    "app-tokens-nice19": ("app", {"routing": {"router": "tokens"}, "vllm": {"cpu_replica_niceness": 19}}),
+    "app-serve-nice19": ("app", {"routing": {"router": "serve"}, "vllm": {"cpu_replica_niceness": 19}}),
     "ray-serve-llm": ("ray-serve-llm", {}),
     "ray-serve-llm-prefix": ("ray-serve-llm", {"router": "ray.serve.llm.request_router.PrefixCacheAffinityRouter"}),
 }
@@ -238,7 +238,7 @@ def markdown(rows: list[dict[str, Any]], mode: str, events: list[dict[str, Any]]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 s of load a peer")
-    parser.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS))
+    parser.add_argument("--peers", nargs="+", choices=list(PEERS), default=[p for p in PEERS if "nice" not in p])
     args = parser.parse_args(argv)
     from serve_app.models import prepare
 

@@ -116,13 +116,13 @@ def test_bad_input_is_refused_up_front(served_app):
     assert too_long.status_code == 400 and "context" in too_long.text
 
 
-def test_engine_keeps_serve_runs_niceness_and_its_replica_yields_to_it(served_app):
+def test_engine_and_replicas_keep_serve_runs_niceness(served_app):
     """serve.env's RAY_worker_niceness=0 reaches the raylet: the vLLM engine processes a replica starts run at
     the niceness `serve run` was started with (this test's), not 15 above it, Ray's default (on a CPU a niced
-    engine loses its cores to every process that wakes there). Once they are up, that replica's own threads
-    run at ``vllm.cpu_replica_niceness`` (19), below its engine; the embedding app's (vLLM's pooling runner) keep
-    theirs (its default 0). The engine is found as the replica's descendants: its process title is not reliably in
-    comm."""
+    engine loses its cores to every process that wakes there). The replicas holding them keep it too (both apps'
+    ``vllm.cpu_replica_niceness`` default 0: the replica reads, admits and streams requests at once; yielding to
+    the engine is tests/test_cpu_tuning.py's). The engine is found as the replica's descendants: its process title
+    is not reliably in comm."""
     _, env = served_app
     parent, comm = {}, {}
     for pid in own_leftovers(env["RAY_TMPDIR"]):
@@ -137,20 +137,18 @@ def test_engine_keeps_serve_runs_niceness_and_its_replica_yields_to_it(served_ap
     engine_replicas = {ppid for pid, ppid in parent.items() if pid in engine and ppid in replicas}
     title = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode() for pid in engine_replicas}
     llm_replicas = {pid for pid in engine_replicas if ":llm:" in title[pid]}
-    # The embedding app's vLLM pooling engine: its replica (tokenizing, HTTP) stays at vllm.cpu_replica_niceness 0.
     embedding_replicas = {pid for pid in engine_replicas if ":embeddings:" in title[pid]}
     assert engine and llm_replicas, f"no process started by a replica ({replicas}) among {comm}"
     assert embedding_replicas, f"the embedding app's default engine started no process ({title})"
     base = os.getpriority(os.PRIO_PROCESS, 0)
     engine_niceness = {f"{pid} {comm[pid]}": os.getpriority(os.PRIO_PROCESS, pid) for pid in sorted(engine)}
     assert engine_niceness == dict.fromkeys(engine_niceness, base)
-    for pids, niceness in ((llm_replicas, max(base, 19)), (embedding_replicas, base)):
-        replica_threads = {}
-        for pid in pids:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                    replica_threads[f"{pid}/{tid} {title[pid]}"] = os.getpriority(os.PRIO_PROCESS, int(tid))
-        assert replica_threads == dict.fromkeys(replica_threads, niceness)
+    replica_threads = {}
+    for pid in llm_replicas | embedding_replicas:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                replica_threads[f"{pid}/{tid} {title[pid]}"] = os.getpriority(os.PRIO_PROCESS, int(tid))
+    assert replica_threads == dict.fromkeys(replica_threads, base)
 
 
 def test_readme_deployment_handle_example_runs_as_written(served_app):

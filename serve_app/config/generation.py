@@ -38,12 +38,13 @@ class VLLMSettings(Strict):
         "auto", description="CPU-only hosts: the engine's compute threads (OMP_NUM_THREADS); `auto`: every usable core"
     )
     cpu_replica_niceness: int = Field(
-        19,
+        0,
         ge=0,
         le=19,
         description="CPU-only hosts: once its engine is up, the process holding it (a replica or a Ray Data actor: "
-        "HTTP, streaming, detokenizing) runs at this niceness, so the engine's compute on the same cores goes "
-        "first; 0 leaves it as it started",
+        "HTTP, streaming, detokenizing) runs at this niceness; 0 leaves it as it started. 19 lets the engine's "
+        "compute on the same cores go first: a little more throughput under bursts, seconds more TTFT under "
+        "steady load (docs/cpu-tuning.md)",
     )
     max_num_seqs: int | None = Field(None, ge=1, description="vLLM's running cap; default: as `vllm serve` sizes it")
     scheduling_policy: Literal["priority", "fcfs"] = Field(

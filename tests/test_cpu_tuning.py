@@ -1,0 +1,54 @@
+"""CPU tuning (docs/cpu-tuning.md): a process holding a CPU engine can yield its cores to the engine
+(``vllm.cpu_replica_niceness`` above 0): every thread it has drops to that niceness, and so do the threads it
+starts afterwards; it never asks to rise (that needs privileges)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, threading
+    from serve_app.engines.async_llm import yield_cores
+
+    def niceness():
+        return sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")})
+
+    started, done = threading.Event(), threading.Event()
+    def waits():
+        started.set()
+        done.wait()
+    early = threading.Thread(target=waits)
+    early.start()
+    started.wait()
+    yield_cores(HIGH)
+    after, late = niceness(), []
+    thread = threading.Thread(target=lambda: late.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    thread.start()
+    thread.join()
+    yield_cores(LOW)
+    print(json.dumps({"threads": len(os.listdir("/proc/self/task")), "after": after, "late": late,
+                      "after_lower": niceness()}))
+    done.set()
+    """
+)
+
+
+def test_yield_cores_lowers_every_thread_and_those_started_later_and_never_raises_them():
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    high, low = max(base, 7), max(base, 3)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT.replace("HIGH", str(high)).replace("LOW", str(low))],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["threads"] >= 2  # the main thread and the one started before
+    assert seen["after"] == [high]  # both threads, not only the caller
+    assert seen["late"] == [high]  # a thread started afterwards inherits it
+    assert seen["after_lower"] == [high]  # asking for less leaves them where they are
