@@ -35,7 +35,7 @@ from typing import Any
 
 from .e2e import app_args, engine_settings, prompts, run_offline
 from .run import page
-from .serving import ROOT, env, run_driver, running, serve_env
+from .serving import ROOT, env, last_error, run_driver, running, serve_env
 
 RESULTS = ROOT / "benchmarks" / "results"
 PEERS = ("offline", "ray-data-llm", "in-process", "deployment", "resume")
@@ -146,11 +146,11 @@ def written_rows(out: Path) -> int:
     return sum(f.read_bytes().count(b"\n") for f in out.glob("*.json*")) if out.is_dir() else 0
 
 
-def deployment_peers(peers: list[str], path: Path, rows: int, workdir: Path) -> list[dict[str, Any]]:
-    """The driver job (and the resume run) into the app, started once, its engine up before the first job."""
+def deployment_peers(peers: list[str], path: Path, rows: int, workdir: Path, measured: list[dict[str, Any]]) -> None:
+    """The driver job (and the resume run) into the app, started once, its engine up before the first job; each
+    row appended to ``measured`` as it is done."""
     from serve_app.models import prepare
 
-    measured = []
     with running("app", prepare(), workdir, 900, fleet={"embeddings_app": None}) as (_url, startup_s, ray_tmp):
         job = ["--input", str(path), "--max-tokens", str(MAX_TOKENS)]
         if "deployment" in peers:
@@ -168,7 +168,6 @@ def deployment_peers(peers: list[str], path: Path, rows: int, workdir: Path) -> 
             )
         if "resume" in peers:
             measured.append(resume(ray_tmp, job, rows, workdir / "resumed"))
-    return measured
 
 
 def resume(ray_tmp: str, job: list[str], rows: int, out: Path) -> dict[str, Any]:
@@ -209,13 +208,15 @@ def measure(peers: list[str], rows: int) -> list[dict[str, Any]]:
             try:
                 measured.append({"peer": peer, **in_own_process(peer, rows)})
             except RuntimeError as exc:
-                measured.append({"peer": peer, "error": str(exc)[-300:]})
+                measured.append({"peer": peer, "error": last_error(str(exc))})
             print(json.dumps(measured[-1]), flush=True)
         if {"deployment", "resume"} & set(peers):
             try:
-                measured += deployment_peers(peers, path, rows, workdir)
+                deployment_peers(peers, path, rows, workdir, measured)
             except RuntimeError as exc:
-                measured.append({"peer": "deployment", "error": str(exc)[-300:]})
+                done = {r["peer"] for r in measured}
+                failed = next(p for p in ("deployment", "resume") if p in peers and p not in done)
+                measured.append({"peer": failed, "error": last_error(str(exc)), "error_tail": str(exc)[-6000:]})
             print(json.dumps(measured[-1]), flush=True)
     ceiling = next((r for r in measured if r["peer"] == "offline" and "error" not in r), None)
     for row in measured:

@@ -455,6 +455,7 @@ BENCHES: dict[str, Callable[[bool], str | None]] = {
     "routing_real": own_process("routing_real"),
     "fairness": own_process("fairness"),
     "tenancy": own_process("tenancy"),
+    "batch_jobs": own_process("batch_jobs"),
 }
 
 

@@ -270,7 +270,7 @@ def run_driver(ray_tmp: str, argv: list[str], timeout_s: float = 3600) -> dict[s
     done = subprocess.run(command, cwd=ROOT, env=env_, capture_output=True, text=True, timeout=timeout_s)
     start = re.search(r"^\{$", done.stdout, re.M)
     if done.returncode not in (0, 1) or start is None:
-        raise RuntimeError(f"driver failed ({done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(f"driver failed ({done.returncode}): {done.stderr[-6000:]}")
     return json.loads(done.stdout[start.start() :])
 
 

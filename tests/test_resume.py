@@ -79,12 +79,18 @@ def test_a_killed_driver_resumes_with_only_the_unwritten_rows(app, tmp_path):
     assert again["rows_skipped"] == rows and again["rows_out"] == rows and again["duplicate_ids"] == 0
 
 
-def test_python_api_checkpoint_skips_rows_already_written(app, tmp_path):
+@pytest.mark.parametrize("own_ids", [False, True], ids=["numbered", "own-ids"])
+def test_python_api_checkpoint_skips_rows_already_written(app, tmp_path, own_ids):
+    """With ids the job numbers (file and row) and with the input's own (read by Ray's JSON reader: its pandas
+    blocks once failed the checkpoint filter on the second run)."""
     from serve_app.data import generate
     from serve_app.data.resume import read
 
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"row {i}"}) + "\n" for i in range(30)))
+    ids = [f"rows.jsonl:{i}" for i in range(30)]
+    data.write_text(
+        "".join(json.dumps({"prompt": f"row {i}"} | ({"id": ids[i]} if own_ids else {})) + "\n" for i in range(30))
+    )
     out, checkpoint = tmp_path / "out", tmp_path / "ckpt"
 
     def job() -> None:
