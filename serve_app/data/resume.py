@@ -39,8 +39,8 @@ PENDING_SUFFIX = ".pending.parquet"
 """Ray Data's name for a block's checkpoint written before its data and not yet committed."""
 
 
-def input_kind(path: str) -> tuple[str, str]:
-    """``(kind, suffix)`` of a file or folder by extension (a folder is JSONL unless it holds Parquet)."""
+def input_kind(path: str) -> str:
+    """The reader a file or folder needs, by extension (a folder is JSONL unless it holds Parquet)."""
     p = Path(path)
     suffix = p.suffix.lower()
     if p.is_dir():
@@ -48,7 +48,7 @@ def input_kind(path: str) -> tuple[str, str]:
     kind = READERS.get(suffix)
     if kind is None:
         raise ValueError(f"cannot read '{path}': use .jsonl, .json, .parquet or .csv")
-    return kind, suffix
+    return kind
 
 
 def read(path: str, id_column: str | None = None, blocks: int | None = None) -> Any:
@@ -57,7 +57,7 @@ def read(path: str, id_column: str | None = None, blocks: int | None = None) -> 
     what is read into about that many blocks (a checkpoint records a block at a time), in the read tasks."""
     import ray.data
 
-    kind, _ = input_kind(path)
+    kind = input_kind(path)
     # JSON through Arrow's reader, which reads JSON lines too: Ray's ``lines=True`` reader makes pandas blocks, which
     # Ray Data's checkpoint filter refuses (an AssertionError on resume when the input has its own ids).
     ds = getattr(ray.data, f"read_{kind}")(path, num_cpus=IO_CPUS, override_num_blocks=blocks)
