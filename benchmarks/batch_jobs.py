@@ -35,7 +35,7 @@ from typing import Any
 
 from .e2e import app_args, engine_settings, prompts, run_offline
 from .run import page
-from .serving import ROOT, env, last_error, run_driver, running, serve_env
+from .serving import ROOT, driver_call, env, last_error, run_driver, running, serve_env
 
 RESULTS = ROOT / "benchmarks" / "results"
 PEERS = ("offline", "ray-data-llm", "in-process", "deployment", "resume")
@@ -172,10 +172,8 @@ def deployment_peers(peers: list[str], path: Path, rows: int, workdir: Path, mea
 
 def resume(ray_tmp: str, job: list[str], rows: int, out: Path) -> dict[str, Any]:
     """The job killed once about half its rows are written, then resumed; what the rerun did."""
-    argv = [str(Path(sys.executable).parent / "python"), "-m", "serve_app.driver", *job, "--output", str(out)]
-    first = subprocess.Popen(
-        argv, cwd=ROOT, env={**env(), "RAY_TMPDIR": ray_tmp}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    call = driver_call(ray_tmp, [*job, "--output", str(out)])
+    first = subprocess.Popen(**call, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while written_rows(out) < rows // 2 and first.poll() is None:
         time.sleep(0.2)
     first.send_signal(signal.SIGKILL)

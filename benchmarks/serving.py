@@ -261,13 +261,17 @@ def running(
         stop(proc, ray_tmp)
 
 
-def run_driver(ray_tmp: str, argv: list[str], timeout_s: float = 3600) -> dict[str, Any]:
-    """``python -m serve_app.driver`` with ``argv`` into the app whose cluster is under ``ray_tmp``, as a user runs
-    it; the summary it prints. Raises RuntimeError with its stderr's tail when it fails outright (exit 1, some
-    rows missing, still returns the summary)."""
+def driver_call(ray_tmp: str, argv: list[str]) -> dict[str, Any]:
+    """``subprocess`` arguments for ``python -m serve_app.driver`` with ``argv`` into the app whose cluster is under
+    ``ray_tmp``, as a user runs it."""
     command = [str(BIN / "python"), "-m", "serve_app.driver", *argv]
-    env_ = {**env(), "RAY_TMPDIR": ray_tmp}
-    done = subprocess.run(command, cwd=ROOT, env=env_, capture_output=True, text=True, timeout=timeout_s)
+    return {"args": command, "cwd": ROOT, "env": {**env(), "RAY_TMPDIR": ray_tmp}}
+
+
+def run_driver(ray_tmp: str, argv: list[str], timeout_s: float = 3600) -> dict[str, Any]:
+    """:func:`driver_call` run to its end; the summary it prints. Raises RuntimeError with its stderr's tail when it
+    fails outright (exit 1, some rows missing, still returns the summary)."""
+    done = subprocess.run(**driver_call(ray_tmp, argv), capture_output=True, text=True, timeout=timeout_s)
     start = re.search(r"^\{$", done.stdout, re.M)
     if done.returncode not in (0, 1) or start is None:
         raise RuntimeError(f"driver failed ({done.returncode}): {done.stderr[-6000:]}")
