@@ -21,6 +21,8 @@ turn (started, measured, stopped; the next one starts after it has gone):
                 padding, so it is the hard peer for a padded encoder. Every core for its engine
                 (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``)
   vllm-default  (not run unless named) the same with vLLM's CPU defaults: one of two cores kept for its scheduler
+  app-padded-1t (not run unless named) app-padded with one torch thread (``cpu_threads: 1``), the other core
+                left to the HTTP path (proxy, replica, clients)
 
 The Ray peers run in their own local Ray cluster in a subprocess, one replica, every core for torch's threads
 (Ray gives a replica ``OMP_NUM_THREADS`` = its logical CPUs: the encoder engine and the naive replica both
@@ -69,11 +71,13 @@ from .serving import free_port, last_error, serve_env, tail
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
 PEERS = ("app", "app-padded", "app-fifo32", "naive", "vllm")
-EXTRA_PEERS = ("vllm-default",)  # vLLM with its own CPU defaults (one of two cores kept for its scheduler)
+EXTRA_PEERS = ("vllm-default", "app-padded-1t")  # vLLM with its own CPU defaults (one of two cores kept for its
+# scheduler); the padded app with one torch thread (cpu_threads: 1), the HTTP path on the other core
 FIFO32 = {"order": "fifo", "max_batch_size": 32, "target_batch_tokens": 10**9}
 APP_VARIANTS: dict[str, dict[str, Any]] = {  # over the app's args
     "app-padded": {"engine": "padded", "batcher": {"mode": "batch"}},
     "app-fifo32": {"engine": "padded", "batcher": {"mode": "batch", **FIFO32}},
+    "app-padded-1t": {"engine": "padded", "cpu_threads": 1, "batcher": {"mode": "batch"}},
 }
 SCENARIOS = {"single": 1, "list16": 16}
 NAIVE_BATCH, NAIVE_WAIT_S = 32, 0.01  # @serve.batch(max_batch_size=32); 0.01 s is Serve's default wait
