@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import re
 import shutil
 import sys
@@ -138,7 +137,7 @@ def run_openai_batch(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Stream the input through the app, write the output, and return the summary."""
-    from .data import DEFAULT_BATCH_SIZE, EMBED_BATCH_SIZE, app_capacity, embed, generate
+    from .data import DEFAULT_BATCH_SIZE, EMBED_BATCH_SIZE, app_capacity, embed, generate, job_blocks
 
     if args.openai_batch:
         return run_openai_batch(args)
@@ -166,8 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows_in = ds.count()
     concurrency = args.concurrency or app_capacity(app, deployment)
     batch_size = args.batch_size or (EMBED_BATCH_SIZE if embedding else DEFAULT_BATCH_SIZE)
-    blocks = max(1, math.ceil(rows_in / (batch_size * concurrency)))  # a block (written and recorded at once): a wave
-    ds = read(args.input, id_column=args.id_column, blocks=blocks)
+    ds = read(args.input, id_column=args.id_column, blocks=job_blocks(rows_in, batch_size, concurrency))
     if args.limit:
         ds = ds.limit(args.limit)
     before = replica_stats(app, deployment)

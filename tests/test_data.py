@@ -59,6 +59,23 @@ def test_default_concurrency_is_what_the_app_absorbs(app):
     assert pool.max_size * pool.max_concurrent_calls_per_actor < 8 + pool.max_size  # no more than asked
 
 
+@pytest.mark.parametrize(
+    ("rows", "batch_size", "calls"),
+    [(2000, 8, 256), (10_000_000, 8, 256), (240, 4, 2), (5, 8, 256), (1, 1, 1), (100_000, 64, 16)],
+)
+def test_job_blocks_let_every_call_be_in_flight_and_write_as_the_job_goes(rows, batch_size, calls):
+    from serve_app.data import job_blocks
+    from serve_app.data.jobs import ASYNC_BATCHES_PER_BLOCK
+
+    blocks = job_blocks(rows, batch_size, calls)
+    batches = -(-rows // batch_size)
+    assert 1 <= blocks <= batches  # no block smaller than a batch
+    per_block = rows / blocks
+    assert per_block <= batch_size * calls + batch_size  # a block is at most a wave of calls: written as the job goes
+    in_flight = min(blocks, calls) * min(ASYNC_BATCHES_PER_BLOCK, -(-per_block // batch_size))
+    assert in_flight >= min(calls, batches)  # Ray Data can have every call (or every batch) in flight at once
+
+
 def test_transient_overload_is_retried_until_every_row_succeeds(deploy_app):
     import ray.data
 

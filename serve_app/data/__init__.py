@@ -28,6 +28,7 @@ from .jobs import (
     app_capacity,
     embed,
     generate,
+    job_blocks,
 )
 from .resume import checkpointed, read
 
@@ -45,5 +46,6 @@ __all__ = [
     "checkpointed",
     "embed",
     "generate",
+    "job_blocks",
     "read",
 ]

@@ -28,7 +28,7 @@ from ray.data.datasource import BlockBasedFileDatasink
 
 from ..config import DATA_PRIORITY
 from ..errors import ERROR_TABLE, error_body, exception_body, validation_error
-from .jobs import actor_pool, app_handle, job_tenant
+from .jobs import actor_pool, app_handle, job_blocks, job_tenant
 from .progress import JobProgress, report
 from .resume import IO_CPUS, checkpointed, checkpointed_rows, positioned
 from .retries import Retries
@@ -198,7 +198,7 @@ def run_batch_file(
     skipped = checkpointed_rows(checkpoint)
     lines_in = positioned(str(requests), kind="text", id_column="id").count()
     calls = max(1, math.ceil(concurrency / batch_size))
-    blocks = math.ceil(lines_in / (batch_size * calls))  # a block, written and recorded at once: a wave of calls
+    blocks = job_blocks(lines_in, batch_size, calls)
     ds = checkpointed(positioned(str(requests), kind="text", id_column="id", blocks=blocks), checkpoint, "id")
     apps = {"llm": (llm_app, "LLMServer"), "embeddings": (embeddings_app, "EmbeddingServer")}
     progress = JobProgress(lines_in - skipped, progress_s, "tok/s (output + embedded)")
