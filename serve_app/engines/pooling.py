@@ -47,8 +47,7 @@ class PoolingEngine(AsyncLLMLifecycle, EmbeddingEngine):
         self.device = "cuda" if on_gpu else "cpu"
         args = {"runner": "pooling", "scheduling_policy": settings.scheduling_policy, **settings.engine_args}
         try:
-            cpu_env = {} if on_gpu else {"VLLM_CPU_NUM_OF_RESERVED_CPU": str(settings.cpu_reserved_cores)}
-            self._llm: Any = start_async_llm(path, settings, on_gpu, args, cpu_env)
+            self._llm: Any = start_async_llm(path, settings, on_gpu, args)
         except Exception as exc:
             raise RuntimeError(
                 f"vLLM's pooling runner cannot serve {path}: {exc} (set `engine: padded` for sentence-transformers "
