@@ -2,6 +2,8 @@
 Ray user runs such a job (each peer in a process of its own, one engine on the CPU at a time):
 
   offline        vLLM's ``LLM.generate`` over every prompt at once: the ceiling, timed around ``generate`` alone
+  offline-all-cores  the same with every core computing (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``, what the app's
+                 engines run with: ``vllm.cpu_reserved_cores: 0``); vLLM's default keeps one core for its scheduler
   ray-data-llm   Ray Data LLM, what a Ray user picks: ``build_processor`` with ``vLLMEngineProcessorConfig``
                  (``batch_size`` 64 and one engine, as its docs show; its engine on one CPU bundle), start-up included
   in-process     this project's ``InProcessGenerate`` in ``map_batches`` (one generation core in one map actor,
@@ -38,7 +40,8 @@ from .run import page
 from .serving import ROOT, driver_call, env, last_error, run_driver, running, serve_env
 
 RESULTS = ROOT / "benchmarks" / "results"
-PEERS = ("offline", "ray-data-llm", "in-process", "deployment", "resume")
+PEERS = ("offline", "offline-all-cores", "ray-data-llm", "in-process", "deployment", "resume")
+OWN_PROCESS = PEERS[:4]
 ROWS = {"full": 2000, "quick": 500}
 MAX_TOKENS = 32
 IN_PROCESS_BATCH, IN_PROCESS_CALLS = 16, 16  # 256 rows in the actor: its batcher keeps vLLM's 128 running
@@ -121,9 +124,9 @@ def read_back(out: Path, tokens: str) -> dict[str, Any]:
 
 
 def one_peer(peer: str, rows: int) -> dict[str, Any]:
-    """``offline``, ``ray-data-llm`` or ``in-process``, in this process."""
+    """One of :data:`OWN_PROCESS`, in this process."""
     texts = prompts(rows)
-    if peer == "offline":
+    if peer.startswith("offline"):
         done = run_offline(texts, MAX_TOKENS, 1)
         return {**done, "rows": rows, "failed": 0, "note": "timed around generate() alone"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,7 +137,8 @@ def one_peer(peer: str, rows: int) -> dict[str, Any]:
 def in_own_process(peer: str, rows: int) -> dict[str, Any]:
     """:func:`one_peer` in a process of its own (the Ray Data peers with the app's Ray settings)."""
     argv = [sys.executable, "-m", "benchmarks.batch_jobs", "--one", peer, "--rows", str(rows)]
-    done = subprocess.run(argv, cwd=ROOT, env={**env(), **serve_env()}, capture_output=True, text=True)
+    cores = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"} if peer == "offline-all-cores" else {}
+    done = subprocess.run(argv, cwd=ROOT, env={**env(), **serve_env(), **cores}, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError((done.stderr or done.stdout)[-3000:])
@@ -176,9 +180,12 @@ def resume(ray_tmp: str, job: list[str], rows: int, out: Path) -> dict[str, Any]
     first = subprocess.Popen(**call, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while written_rows(out) < rows // 2 and first.poll() is None:
         time.sleep(0.2)
+    ended = first.poll() is not None
     first.send_signal(signal.SIGKILL)
     first.wait()
     unwritten = rows - written_rows(out)
+    if ended or not unwritten:
+        raise RuntimeError(f"the first run ended with {unwritten} of {rows} rows unwritten before it could be killed")
     summary = run_driver(ray_tmp, [*job, "--output", str(out), "--resume"])
     processed = summary["rows_in"] - summary["rows_skipped"]
     return {
@@ -202,7 +209,7 @@ def measure(peers: list[str], rows: int) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="batch_jobs") as tmp:
         workdir = Path(tmp)
         path = write_input(rows, workdir / "prompts.jsonl")
-        for peer in [p for p in peers if p in ("offline", "ray-data-llm", "in-process")]:
+        for peer in [p for p in peers if p in OWN_PROCESS]:
             try:
                 measured.append({"peer": peer, **in_own_process(peer, rows)})
             except RuntimeError as exc:
@@ -220,7 +227,8 @@ def measure(peers: list[str], rows: int) -> list[dict[str, Any]]:
     for row in measured:
         if "error" in row:
             continue
-        row["output_tokens_per_s"] = row["output_tokens"] / row["wall_s"] if row["wall_s"] else math.nan
+        resumed = row["peer"] == "resume"  # its wall is the rerun's, over the rows left; its tokens are the output's
+        row["output_tokens_per_s"] = row["output_tokens"] / row["wall_s"] if row["wall_s"] and not resumed else math.nan
         row["vs_offline"] = row["output_tokens_per_s"] / ceiling["output_tokens_per_s"] if ceiling else math.nan
         row.setdefault("utilization", math.nan)
     return measured
@@ -233,6 +241,9 @@ def report(measured: list[dict[str, Any]], rows: int, minutes: float) -> str:
     if "in-process" in by and "ray-data-llm" in by:
         ratio = by["in-process"]["output_tokens_per_s"] / by["ray-data-llm"]["output_tokens_per_s"]
         notes.append(f"- in-process / ray-data-llm (start-up included in both): **{ratio:.2f}x** output tok/s.")
+    if "deployment" in by and "offline-all-cores" in by:
+        ratio = by["deployment"]["output_tokens_per_s"] / by["offline-all-cores"]["output_tokens_per_s"]
+        notes.append(f"- deployment / offline-all-cores (both engines on every core): **{ratio:.2f}x** output tok/s.")
     notes += [f"- {r['peer']}: {r['failed']} rows failed." for r in ok if r.get("failed")]
     about = (
         f"`python -m benchmarks.batch_jobs`: {rows} prompts of the sample dataset, greedy, max_tokens {MAX_TOKENS}, "
@@ -247,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"{ROWS['quick']} prompts instead of {ROWS['full']}")
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     parser.add_argument("--rows", type=int, help="prompts (default: by --quick)")
-    parser.add_argument("--one", choices=PEERS[:3], help=argparse.SUPPRESS)
+    parser.add_argument("--one", choices=OWN_PROCESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     rows = args.rows or ROWS["quick" if args.quick else "full"]
     if args.one:
