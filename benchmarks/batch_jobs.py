@@ -2,8 +2,8 @@
 Ray user runs such a job (each peer in a process of its own, one engine on the CPU at a time):
 
   offline        vLLM's ``LLM.generate`` over every prompt at once: the ceiling, timed around ``generate`` alone
-  offline-all-cores  the same with every core computing (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``, what the app's
-                 engines run with: ``vllm.cpu_reserved_cores: 0``); vLLM's default keeps one core for its scheduler
+  offline-all-cores  the same with every core computing (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``, what
+                 ``vllm.cpu_reserved_cores: 0`` gives the app's engine); vLLM's default keeps one core for its scheduler
   ray-data-llm   Ray Data LLM, what a Ray user picks: ``build_processor`` with ``vLLMEngineProcessorConfig``
                  (``batch_size`` 64 and one engine, as its docs show; its engine on one CPU bundle), start-up included
   in-process     this project's ``InProcessGenerate`` in ``map_batches`` (one generation core in one map actor,

@@ -194,16 +194,3 @@ def test_an_engine_abort_while_its_caller_waits_is_a_failure_never_a_finish(core
     assert isinstance(first, GenerationDelta) and isinstance(result, GenerationResult)
     assert result.failed and result.finish_reason == "error" and "aborted" in result.error
     assert result.output_tokens < 400
-
-
-def test_the_engine_computes_on_every_core_it_may_use(engine):
-    """``vllm.cpu_reserved_cores: 0``: vLLM binds a compute thread to every usable core, where its default keeps one
-    for its scheduler (on 2 cores, half the compute)."""
-    import os
-
-    import psutil
-
-    workers = [p for p in psutil.Process().children(recursive=True) if "VLLM::Worker" in " ".join(p.cmdline())]
-    assert workers, "no VLLM::Worker process under the test process"
-    threads = {int(p.environ().get("OMP_NUM_THREADS", "0")) for p in workers}
-    assert threads == {len(os.sched_getaffinity(0))}

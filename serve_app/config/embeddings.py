@@ -58,6 +58,13 @@ class PoolingSettings(VLLMSettings):
         description="CPU-only hosts: once its engine is up, the process holding it (tokenizing, HTTP, encoding "
         "vectors: a large share of an embedding's work) runs at this niceness; 0 leaves it as it started",
     )
+    cpu_reserved_cores: int | None = Field(
+        0,
+        ge=0,
+        description="CPU-only hosts: cores vLLM keeps off its compute threads (VLLM_CPU_NUM_OF_RESERVED_CPU; vLLM's "
+        "own default, None, keeps one, half of a 2-core host); 0: every core computes, as the embeddings benchmark "
+        "runs vLLM's own server",
+    )
     scheduling_policy: Literal["priority", "fcfs"] = Field(
         "fcfs", description="vLLM's scheduler (the batcher already admits inputs in its own order)"
     )

@@ -40,12 +40,13 @@ class VLLMSettings(Strict):
         "(OMP_NUM_THREADS; `auto`: every usable core). vLLM's default binding runs one thread per core it does not "
         "reserve (`cpu_reserved_cores`)",
     )
-    cpu_reserved_cores: int = Field(
-        0,
+    cpu_reserved_cores: int | None = Field(
+        None,
         ge=0,
-        description="CPU-only hosts: cores vLLM keeps off its compute threads (VLLM_CPU_NUM_OF_RESERVED_CPU). vLLM's "
-        "own default keeps one for its scheduler, half of a 2-core host; 0: every core computes (a 2,000-prompt "
-        "job through the deployment on 2 cores: 1.5x the output tok/s of one core kept)",
+        description="CPU-only hosts: cores vLLM keeps off its compute threads (VLLM_CPU_NUM_OF_RESERVED_CPU); "
+        "default: vLLM's own, one for its scheduler (half of a 2-core host). 0: every core computes (a 2,000-prompt "
+        "job through the deployment on 2 cores: 1.5x the output tok/s), but Ctrl-C on `serve run` under load then "
+        "waits for a core",
     )
     cpu_replica_niceness: int = Field(
         0,

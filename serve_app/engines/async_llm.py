@@ -101,8 +101,8 @@ def start_async_llm(
         # vLLM binds one compute thread to each core it does not reserve, and by default reserves one for its
         # scheduler: on 2 cores, one thread (a 2,000-prompt job through the deployment: 1.5x the output tok/s
         # with none reserved).
-        reserved = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.cpu_reserved_cores))
-        start_env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", reserved)
+        if settings.cpu_reserved_cores is not None and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
+            start_env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.cpu_reserved_cores))
         # Unbound (VLLM_CPU_OMP_THREADS_BIND=nobind), the engine takes OMP_NUM_THREADS, which Ray sets to a
         # replica's logical CPUs (1 for num_cpus < 1): it gets the cores it may run on instead.
         threads = settings.cpu_threads if settings.cpu_threads != "auto" else len(os.sched_getaffinity(0))
