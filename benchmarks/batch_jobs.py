@@ -243,7 +243,7 @@ def report(measured: list[dict[str, Any]], rows: int, minutes: float) -> str:
         notes.append(f"- in-process / ray-data-llm (start-up included in both): **{ratio:.2f}x** output tok/s.")
     if "deployment" in by and "offline-all-cores" in by:
         ratio = by["deployment"]["output_tokens_per_s"] / by["offline-all-cores"]["output_tokens_per_s"]
-        notes.append(f"- deployment / offline-all-cores (both engines on every core): **{ratio:.2f}x** output tok/s.")
+        notes.append(f"- deployment / offline-all-cores (`LLM.generate` on every core): **{ratio:.2f}x** output tok/s.")
     notes += [f"- {r['peer']}: {r['failed']} rows failed." for r in ok if r.get("failed")]
     about = (
         f"`python -m benchmarks.batch_jobs`: {rows} prompts of the sample dataset, greedy, max_tokens {MAX_TOKENS}, "
