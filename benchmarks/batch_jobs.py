@@ -19,6 +19,8 @@ the same wherever the same model runs the same way), wall, output tok/s and its 
 against ray-data-llm.
 
     python -m benchmarks.batch_jobs [--quick] [--peers offline deployment ...]   # results/batch_jobs[-quick].{md,json}
+    python -m benchmarks.batch_jobs --peers offline deployment --app-vllm '{"max_num_seqs": 256}'  # the app's engine
+                                                                                    # settings changed
 """
 
 from __future__ import annotations
@@ -150,12 +152,15 @@ def written_rows(out: Path) -> int:
     return sum(f.read_bytes().count(b"\n") for f in out.glob("*.json*")) if out.is_dir() else 0
 
 
-def deployment_peers(peers: list[str], path: Path, rows: int, workdir: Path, measured: list[dict[str, Any]]) -> None:
-    """The driver job (and the resume run) into the app, started once, its engine up before the first job; each
-    row appended to ``measured`` as it is done."""
+def deployment_peers(
+    peers: list[str], path: Path, rows: int, workdir: Path, measured: list[dict[str, Any]], vllm: dict[str, Any]
+) -> None:
+    """The driver job (and the resume run) into the app (``vllm``: settings over its engine's), started once, its
+    engine up before the first job; each row appended to ``measured`` as it is done."""
     from serve_app.models import prepare
 
-    with running("app", prepare(), workdir, 900, fleet={"embeddings_app": None}) as (_url, startup_s, ray_tmp):
+    fleet = {"embeddings_app": None, **({"vllm": vllm} if vllm else {})}
+    with running("app", prepare(), workdir, 900, fleet=fleet) as (_url, startup_s, ray_tmp):
         job = ["--input", str(path), "--max-tokens", str(MAX_TOKENS)]
         if "deployment" in peers:
             summary = run_driver(ray_tmp, [*job, "--output", str(workdir / "out")])
@@ -167,7 +172,8 @@ def deployment_peers(peers: list[str], path: Path, rows: int, workdir: Path, mea
                     "output_tokens": summary["output_tokens"],
                     "wall_s": summary["wall_s"],
                     "utilization": summary["batching"]["utilization"],
-                    "note": f"engine up before (app start-up {startup_s:.0f} s)",
+                    "note": f"engine up before (app start-up {startup_s:.0f} s)"
+                    + (f"; vllm: {json.dumps(vllm)}" if vllm else ""),
                 }
             )
         if "resume" in peers:
@@ -203,7 +209,7 @@ def resume(ray_tmp: str, job: list[str], rows: int, out: Path) -> dict[str, Any]
     }
 
 
-def measure(peers: list[str], rows: int) -> list[dict[str, Any]]:
+def measure(peers: list[str], rows: int, vllm: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every peer asked for, in order; a peer that fails is reported as failed with its reason."""
     measured = []
     with tempfile.TemporaryDirectory(prefix="batch_jobs") as tmp:
@@ -217,7 +223,7 @@ def measure(peers: list[str], rows: int) -> list[dict[str, Any]]:
             print(json.dumps(measured[-1]), flush=True)
         if {"deployment", "resume"} & set(peers):
             try:
-                deployment_peers(peers, path, rows, workdir, measured)
+                deployment_peers(peers, path, rows, workdir, measured, vllm or {})
             except RuntimeError as exc:
                 done = {r["peer"] for r in measured}
                 failed = next(p for p in ("deployment", "resume") if p in peers and p not in done)
@@ -258,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"{ROWS['quick']} prompts instead of {ROWS['full']}")
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     parser.add_argument("--rows", type=int, help="prompts (default: by --quick)")
+    parser.add_argument("--app-vllm", type=json.loads, default={}, help="JSON: the app's vllm settings over its own")
     parser.add_argument("--one", choices=OWN_PROCESS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     rows = args.rows or ROWS["quick" if args.quick else "full"]
@@ -266,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started = time.time()
-    measured = measure(args.peers, rows)
+    measured = measure(args.peers, rows, args.app_vllm)
     name = f"batch_jobs{'-quick' if args.quick else ''}"
     (RESULTS / f"{name}.json").write_text(json.dumps(measured, indent=2))
     (RESULTS / f"{name}.md").write_text(report(measured, rows, (time.time() - started) / 60))

@@ -6,6 +6,9 @@ Peers, each started in turn as its own subprocess (one engine on the CPU at a ti
   vllm           vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
   app            this project: ``serve run`` on serve_config.yaml, with only the HTTP port, one replica
                  (``min_replicas = max_replicas = 1``) and the dtype above changed
+  vllm-all-cores the same with every core computing (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``); vLLM's default
+                 keeps one core of its CPU build for its scheduler
+  app-all-cores  the app with ``vllm.cpu_reserved_cores: 0``: its engine on every core
   app-slo        the same app configured for a latency objective: at most ``SLO_INFLIGHT`` requests inside
                  the engine (what keeps this CPU's time per output token near the objective) and
                  ``max_queue_wait_s``: a request expected to wait longer for admission is refused at once (503)
@@ -61,7 +64,8 @@ BIN = Path(sys.executable).parent
 MODEL_NAME = "SmolLM2-135M-Instruct"
 DTYPE = "float32"
 MAX_MODEL_LEN = 2048
-PEERS = ("vllm", "app", "app-slo", "ray-serve-llm")
+PEERS = ("vllm", "vllm-all-cores", "app", "app-all-cores", "app-slo", "ray-serve-llm")
+ALL_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # vLLM's CPU build then keeps no core for its scheduler
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 INPUT_LEN, OUTPUT_LEN = 96, 64
 RANGE_RATIO = {"input": 0.25, "output": 0.9}  # prompts 72-120 tokens, outputs 6-121 tokens: genuinely mixed
@@ -178,7 +182,7 @@ def peer_command(
     fleet: dict[str, Any] | None = None,
 ) -> list[str]:
     """The command that starts ``peer`` (``batcher``, ``fleet``: :func:`app_config`'s, ``app`` peers only)."""
-    if peer == "vllm":
+    if peer in ("vllm", "vllm-all-cores"):
         return [
             sys.executable,
             "-m",
@@ -199,6 +203,9 @@ def peer_command(
         ]
     if peer == "app":
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, fleet))]
+    if peer == "app-all-cores":
+        every_core = {**(fleet or {}), "vllm": {**(fleet or {}).get("vllm", {}), "cpu_reserved_cores": 0}}
+        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, every_core))]
     if peer == "app-slo":
         knobs = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S, **(batcher or {})}
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", knobs))]
@@ -210,7 +217,7 @@ def peer_command(
 def is_ready(peer: str, url: str, log: Path) -> bool:
     if peer == "ray-serve-llm":  # serve.run returned (the LLM replica is up) and the proxy routes
         return READY_MARKER in tail(log, 20_000) and http_status(f"{url}/v1/models") == 200
-    paths = ("/health",) if peer == "vllm" else ("/health", "/healthz")
+    paths = ("/health",) if peer.startswith("vllm") else ("/health", "/healthz")
     return any(http_status(f"{url}{path}") == 200 for path in paths)
 
 
@@ -233,7 +240,9 @@ def running(
     log_path = workdir / f"{peer}.log"
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     peer_env = {**env(), "RAY_TMPDIR": ray_tmp}
-    if peer != "vllm":
+    if peer == "vllm-all-cores":
+        peer_env.update(ALL_CORES)
+    if not peer.startswith("vllm"):
         peer_env.update(serve_env())
     if peer.startswith("app"):
         peer_env["RAY_ADDRESS"] = "local"
@@ -465,7 +474,7 @@ def measure(
             workdir.mkdir()
             print(f"[serving] round {rnd}: starting {peer}", file=sys.stderr, flush=True)
             try:
-                with running(peer, folder, workdir, 900 if peer != "vllm" else 600) as (url, startup_s, _):
+                with running(peer, folder, workdir, 600 if peer.startswith("vllm") else 900) as (url, startup_s, _):
                     print(f"[serving] {peer} ready in {startup_s:.0f} s", file=sys.stderr, flush=True)
                     for backend in backends:
                         status, metrics = measure_one(url, backend, folder, workdir, burst_n, math.inf, None, timeout_s)

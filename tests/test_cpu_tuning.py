@@ -1,6 +1,7 @@
 """CPU tuning (docs/cpu-tuning.md): a process holding a CPU engine can yield its cores to the engine
 (``vllm.cpu_replica_niceness`` above 0): every thread it has drops to that niceness, and so do the threads it
-starts afterwards; it never asks to rise (that needs privileges)."""
+starts afterwards; it never asks to rise (that needs privileges). ``vllm.cpu_reserved_cores: auto`` keeps no
+core from the engine's compute on a small host, and vLLM's own reservation on a larger one."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
+
+from serve_app.engines.async_llm import reserved_cores
 
 SCRIPT = textwrap.dedent(
     """
@@ -52,3 +57,12 @@ def test_yield_cores_lowers_every_thread_and_those_started_later_and_never_raise
     assert seen["after"] == [high]  # both threads, not only the caller
     assert seen["late"] == [high]  # a thread started afterwards inherits it
     assert seen["after_lower"] == [high]  # asking for less leaves them where they are
+
+
+@pytest.mark.parametrize(
+    ("setting", "cores", "reserved"),
+    [("auto", 1, 0), ("auto", 2, 0), ("auto", 3, None), ("auto", 64, None), (None, 2, None), (0, 64, 0), (2, 2, 2)],
+)
+def test_reserved_cores_auto_gives_a_small_host_every_core_and_keeps_vllms_default_above(setting, cores, reserved):
+    """None is vLLM's own default (one core for its scheduler); a number is passed on as it is."""
+    assert reserved_cores(setting, cores) == reserved

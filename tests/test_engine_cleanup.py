@@ -72,12 +72,19 @@ except TimeoutError:  # draining past that: Serve force-kills the replica at gra
 """
 
 
-def wait_until(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` after ``timeout`` s."""
+def wait_until(
+    condition: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+    detail: Callable[[], str] = lambda: "",
+) -> Any:
+    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` (and ``detail()``, the state
+    that explains it) after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while not (value := condition()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail()}")
         time.sleep(interval)
     return value
 
@@ -182,6 +189,7 @@ def start_serve_run(work: Path) -> ServeRun:
     config.write_text(re.sub(r"port: 8000", f"port: {port}", (ROOT / "serve_config.yaml").read_text(), count=1))
     marker = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": marker}
+    env["PYTHONUNBUFFERED"] = "1"  # a terminal shows each line at once; a file would get them in 8 kB blocks
     env.update(serve_env())  # what make serve runs with
     env.pop("RAY_ADDRESS", None)
     log = work / "serve.log"
@@ -238,7 +246,12 @@ def test_ctrl_c_twice_on_serve_run_leaves_no_engine(own_run):
     run.burst()
     run.wait_requests_inside()
     os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C signals the terminal's foreground process group
-    wait_until(lambda: "shutting down" in run.log_text(), 30, "serve run to start shutting down")
+    wait_until(
+        lambda: "shutting down" in run.log_text(),
+        30,
+        "serve run to start shutting down",
+        detail=lambda: f"; serve run's exit status: {run.proc.poll()}; its log:\n{run.log_text()[-4000:]}",
+    )
     os.killpg(run.proc.pid, signal.SIGINT)
     assert_gone(engine, "Ctrl-C twice on serve run")
     wait_until(run.exited, ENGINE_GONE_S, "serve run to exit")

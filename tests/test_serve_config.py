@@ -30,6 +30,15 @@ def test_defaults_are_valid_and_select_the_bundled_model_on_vllm():
     assert config.batcher.max_inflight == "auto" and config.max_ongoing_requests >= 1024
 
 
+@pytest.mark.parametrize("model", [AppConfig, EmbeddingConfig])
+def test_a_config_validates_again_from_its_own_dump_as_each_replica_receives_it(model):
+    """The app builder validates the YAML's args and hands each replica their dump, which the replica validates
+    again: every default (``auto`` included) must pass that second time."""
+    config = model()
+    assert model.model_validate(config.model_dump()) == config
+    assert model.model_validate_json(config.model_dump_json()) == config
+
+
 def test_auto_max_inflight_is_the_engines_running_cap_with_a_fallback():
     settings = AppConfig().batcher
     assert settings.batcher_kwargs(100_000, 128)["max_inflight"] == 128
