@@ -39,7 +39,7 @@ from typing import Any
 
 from .e2e import app_args, engine_settings, prompts, run_offline
 from .run import page
-from .serving import ROOT, driver_call, env, last_error, run_driver, running, serve_env
+from .serving import ALL_CORES, ROOT, driver_call, env, last_error, run_driver, running, serve_env
 
 RESULTS = ROOT / "benchmarks" / "results"
 PEERS = ("offline", "offline-all-cores", "ray-data-llm", "in-process", "deployment", "resume")
@@ -139,7 +139,7 @@ def one_peer(peer: str, rows: int) -> dict[str, Any]:
 def in_own_process(peer: str, rows: int) -> dict[str, Any]:
     """:func:`one_peer` in a process of its own (the Ray Data peers with the app's Ray settings)."""
     argv = [sys.executable, "-m", "benchmarks.batch_jobs", "--one", peer, "--rows", str(rows)]
-    cores = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"} if peer == "offline-all-cores" else {}
+    cores = ALL_CORES if peer == "offline-all-cores" else {}
     done = subprocess.run(argv, cwd=ROOT, env={**env(), **serve_env(), **cores}, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:

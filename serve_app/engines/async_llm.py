@@ -113,12 +113,13 @@ def start_async_llm(
         # environment, it wins.
         kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gb))
         start_env.setdefault("VLLM_CPU_KVCACHE_SPACE", kv_space)
-        reserved = reserved_cores(settings.cpu_reserved_cores, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))  # the cores this process (and so its engine) may run on
+        reserved = reserved_cores(settings.cpu_reserved_cores, cores)
         if reserved is not None and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ:
             start_env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(reserved))
         # Unbound (VLLM_CPU_OMP_THREADS_BIND=nobind), the engine takes OMP_NUM_THREADS, which Ray sets to a
         # replica's logical CPUs (1 for num_cpus < 1): it gets the cores it may run on instead.
-        threads = settings.cpu_threads if settings.cpu_threads != "auto" else len(os.sched_getaffinity(0))
+        threads = settings.cpu_threads if settings.cpu_threads != "auto" else cores
         os.environ["OMP_NUM_THREADS"] = str(threads)
         niceness = os.nice(0)
         if niceness > 0:  # Ray starts its workers at nice 15; the engine's processes inherit it
