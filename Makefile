@@ -30,9 +30,11 @@ serve: model
 	env HF_HUB_OFFLINE=1 $(SERVE_ENV) $(BIN)/serve run serve_config.yaml
 
 # The state of `make serve`'s apps, from a second terminal. Ray 2.60 turns token authentication on for the local
-# cluster `serve run` starts, and its command-line tools find the token only with RAY_AUTH_MODE=token.
+# cluster `serve run` starts, and its command-line tools find the token only with RAY_AUTH_MODE=token. Then each
+# app's direct URLs (its replicas' own HTTP ports, serve.env's direct ingress).
 status: setup
 	RAY_AUTH_MODE=token $(BIN)/serve status
+	RAY_AUTH_MODE=token $(BIN)/python -m serve_app.direct
 
 test: model
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -6,6 +6,9 @@ turn (started, measured, stopped; the next one starts after it has gone):
                 args for it (its defaults if the file has none), on the CPU, one replica: its default engine,
                 vLLM's pooling runner (``AsyncLLM.encode``), behind continuous admission under an input-token
                 budget
+  app-direct    the same app, the client on the replica's own HTTP port instead of Serve's proxy (serve.env's
+                direct ingress; ``make status`` lists the port): no proxy hop, no fetching each request's body
+                back from the proxy
   app-padded    the same app on its other engine (``engine: padded``): sentence-transformers in torch behind the
                 batcher in batch mode, length-aware, under a padded-token budget (1024 on a CPU)
   app-fifo32    the padded app with its batcher set to count-32 FIFO (``FIFO32``): the same server, encoder and
@@ -70,11 +73,12 @@ from .serving import free_port, last_error, serve_env, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
-PEERS = ("app", "app-padded", "app-fifo32", "naive", "vllm")
+PEERS = ("app", "app-direct", "app-padded", "app-fifo32", "naive", "vllm")
 EXTRA_PEERS = ("vllm-default", "app-padded-1t")  # vLLM with its own CPU defaults (one of two cores kept for its
 # scheduler); the padded app with one torch thread (cpu_threads: 1), the HTTP path on the other core
 FIFO32 = {"order": "fifo", "max_batch_size": 32, "target_batch_tokens": 10**9}
 APP_VARIANTS: dict[str, dict[str, Any]] = {  # over the app's args
+    "app-direct": {"batcher": {}},  # the app as it is; only the client's port differs
     "app-padded": {"engine": "padded", "batcher": {"mode": "batch"}},
     "app-fifo32": {"engine": "padded", "batcher": {"mode": "batch", **FIFO32}},
     "app-padded-1t": {"engine": "padded", "cpu_threads": 1, "batcher": {"mode": "batch"}},
@@ -85,6 +89,7 @@ MAX_ONGOING = 4096  # the app's default; both Ray peers get it, so Serve's route
 MIN_COSINE = 0.999
 SAMPLE = 48  # texts whose vectors are checked, per peer and scenario
 READY_MARKER = "EMBEDDINGS_BENCH_READY"
+DIRECT_MARKER = "EMBEDDINGS_BENCH_DIRECT_URL"
 QUIET_CORES = 0.25  # a run during which other processes used more CPU than this is run again (``--retries``)
 RETRY_PAUSE_S = 20.0
 APP_IMPORT_PATH = "serve_app.app:build_embeddings_app"
@@ -188,6 +193,13 @@ def serve_peer(peer: str, port: int, over: dict[str, Any] | None = None) -> None
         serve.run(naive_app(str(bundled_encoder_path()), cores()), name="naive", route_prefix="/")
     else:
         raise ValueError(f"unknown Ray peer {peer!r}")
+    if peer == "app":
+        from ray.serve.context import _get_global_client
+
+        from serve_app.direct import direct_urls
+
+        for url in direct_urls(_get_global_client().get_serve_details()).get("embeddings", []):
+            print(DIRECT_MARKER, url, flush=True)
     print(READY_MARKER, flush=True)
     try:
         while True:
@@ -224,6 +236,7 @@ def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None
     over: dict[str, Any] = {"batcher": dict(app_batcher or {})}
     if peer in APP_VARIANTS:
         variant = APP_VARIANTS[peer]
+        # app-direct: the replica's own port comes from the peer's log (``running``), the app is unchanged
         peer, over = "app", {**variant, "batcher": {**over["batcher"], **variant["batcher"]}}
     command = [sys.executable, "-m", "benchmarks.embeddings", "--serve", peer, "--port", str(port)]
     return [*command, "--app-args", json.dumps(over)] if peer == "app" else command
@@ -298,6 +311,8 @@ def running(
             if time.monotonic() - started > startup_timeout_s:
                 raise RuntimeError(f"not ready in {startup_timeout_s:.0f} s: {last_error(tail(log_path))}")
             time.sleep(2)
+        if peer == "app-direct":
+            url = direct_url(tail(log_path, 50_000), url)
         yield url, time.monotonic() - started, ray_tmp
     finally:
         stop(proc, ray_tmp, wait_s=60)
@@ -325,6 +340,15 @@ def other_cpu(before: tuple[int, int], after: tuple[int, int], wall_s: float) ->
 
 
 # --- the client --------------------------------------------------------------------------------------------
+
+
+def direct_url(log: str, proxy_url: str) -> str:
+    """The embedding app replica's own HTTP URL, which the app peer prints once it runs; RuntimeError where there
+    is no other than the proxy's (direct ingress off) or more than one."""
+    urls = [line.split()[1] for line in log.splitlines() if line.startswith(DIRECT_MARKER)]
+    if len(urls) != 1 or urls[0] == proxy_url:
+        raise RuntimeError(f"no direct URL for the app's one replica, only {urls}")
+    return urls[0]
 
 
 async def load(

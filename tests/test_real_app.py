@@ -251,3 +251,51 @@ def test_serve_status_from_a_second_terminal_needs_ray_auth_mode_token(served_ap
     while (statuses := running()) != {"llm": "RUNNING", "embeddings": "RUNNING"}:
         assert time.monotonic() < deadline, statuses
         time.sleep(2)
+
+
+def direct_urls(env: dict[str, str]) -> dict[str, list[str]]:
+    """`make status`'s second command, ``python -m serve_app.direct``: each app's URLs, one line an app."""
+    result = subprocess.run(
+        [str(BIN / "python"), "-m", "serve_app.direct"],
+        cwd=ROOT,
+        env={**env, "RAY_AUTH_MODE": "token"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()}
+
+
+def test_each_app_answers_on_the_direct_url_make_status_names(served_app):
+    """serve.env's direct ingress: each app's replica also serves HTTP on a port of its own, not the proxy's,
+    which `make status` lists (an app's URL is the proxy's until a replica of it runs). A chat and embeddings
+    sent there skip the proxy and answer as they do through it."""
+    url, env = served_app
+    proxy_port = url.rsplit(":", 1)[1]
+    deadline = time.monotonic() + 180  # the embedding app may still be deploying beside the llm app
+    while True:
+        urls = direct_urls(env)
+        ports = {u.split(":")[2].split("/")[0] for app in ("llm", "embeddings") for u in urls.get(app, [proxy_port])}
+        if proxy_port not in ports:
+            break
+        assert time.monotonic() < deadline, urls
+        time.sleep(2)
+    (llm,) = urls["llm"]
+    (embeddings,) = urls["embeddings"]
+    assert embeddings.endswith("/v1/embeddings") and len(ports) == 2, urls
+
+    chat = httpx.post(f"{llm}/v1/chat/completions", json={"messages": FRANCE, "max_tokens": 24}, timeout=120)
+    assert chat.status_code == 200, chat.text
+    assert "Paris" in chat.json()["choices"][0]["message"]["content"]
+
+    body = {"model": "all-MiniLM-L6-v2", "input": ["Paris is the capital of France.", "2 + 2 = 4"]}
+    direct = httpx.post(embeddings, json=body, timeout=60)
+    proxied = httpx.post(f"{url}/v1/embeddings", json=body, timeout=60)
+    assert direct.status_code == proxied.status_code == 200, direct.text
+    for a, b in zip(direct.json()["data"], proxied.json()["data"], strict=True):
+        assert a["index"] == b["index"] and math.isclose(
+            sum(x * y for x, y in zip(a["embedding"], b["embedding"])), 1.0, abs_tol=1e-4
+        )
+    refused = httpx.post(embeddings, json={**body, "input": ""}, timeout=60)
+    assert refused.status_code == 400 and "empty" in refused.json()["error"]["message"]

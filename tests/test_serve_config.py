@@ -76,7 +76,7 @@ def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url()
     assert config.batcher.mode == "continuous" and config.batcher.max_inflight_tokens == "auto"
     assert config.batcher == EmbeddingConfig().batcher  # the file spells out the defaults
     kwargs = config.batcher.batcher_kwargs(4096, 128)  # what the engine says `auto` means
-    assert (kwargs["max_inflight_cost"], kwargs["max_inflight"], kwargs["order"]) == (4096, 128, "length_aware")
+    assert (kwargs["max_inflight_cost"], kwargs["max_inflight"], kwargs["order"]) == (4096, 128, "fifo")
     # engine: padded takes padded batches cut by length by default
     padded = EmbeddingConfig(engine="padded")
     assert padded.batcher.mode == "batch" and padded.batcher.target_batch_tokens == "auto"

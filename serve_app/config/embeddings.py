@@ -30,12 +30,14 @@ VLLM_DEFAULTS: dict[str, Any] = {
     "mode": "continuous",
     "max_inflight_tokens": "auto",
     "max_inflight": "auto",
-    "order": "length_aware",
+    "order": "fifo",
     "max_queue_size": 8_192,
 }
 """The vLLM engine's batcher defaults: continuous admission, each input entering vLLM as soon as its tokens fit
 the in-flight budget (``auto``: two of vLLM's scheduler steps, ``max_num_batched_tokens`` each, so the next step
-is always ready while one runs) and leaving it the moment its vector is out."""
+is always ready while one runs) and leaving it the moment its vector is out. In arrival order: vLLM pads nothing,
+so shortest-first saves no padding, and it scatters a list's inputs over time while its request waits for the
+last (64 clients on 2 cores: 1.05-1.1x the texts/s of ``length_aware``, and lists of 16 at 0.7-0.75x its p50)."""
 
 BATCHER_DEFAULTS = {"vllm": VLLM_DEFAULTS, "padded": PADDED_DEFAULTS}
 
