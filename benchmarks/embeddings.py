@@ -8,7 +8,8 @@ turn (started, measured, stopped; the next one starts after it has gone):
                 budget
   app-direct    the same app, the client on the replica's own HTTP port instead of Serve's proxy (serve.env's
                 direct ingress; ``make status`` lists the port): no proxy hop, no fetching each request's body
-                back from the proxy
+                back from the proxy. Any Ray peer with ``-direct`` appended (``app-padded-direct``, ``naive-direct``)
+                likewise
   app-padded    the same app on its other engine (``engine: padded``): sentence-transformers in torch behind the
                 batcher in batch mode, length-aware, under a padded-token budget (1024 on a CPU)
   app-fifo32    the padded app with its batcher set to count-32 FIFO (``FIFO32``): the same server, encoder and
@@ -74,11 +75,11 @@ from .serving import free_port, last_error, serve_env, tail
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
 PEERS = ("app", "app-direct", "app-padded", "app-fifo32", "naive", "vllm")
-EXTRA_PEERS = ("vllm-default", "app-padded-1t")  # vLLM with its own CPU defaults (one of two cores kept for its
-# scheduler); the padded app with one torch thread (cpu_threads: 1), the HTTP path on the other core
+EXTRA_PEERS = ("vllm-default", "app-padded-1t", "app-padded-direct", "naive-direct")  # vLLM with its own CPU
+# defaults (one of two cores kept for its scheduler); the padded app with one torch thread (cpu_threads: 1), the
+# HTTP path on the other core; the padded app and the naive server on their replicas' own ports
 FIFO32 = {"order": "fifo", "max_batch_size": 32, "target_batch_tokens": 10**9}
 APP_VARIANTS: dict[str, dict[str, Any]] = {  # over the app's args
-    "app-direct": {"batcher": {}},  # the app as it is; only the client's port differs
     "app-padded": {"engine": "padded", "batcher": {"mode": "batch"}},
     "app-fifo32": {"engine": "padded", "batcher": {"mode": "batch", **FIFO32}},
     "app-padded-1t": {"engine": "padded", "cpu_threads": 1, "batcher": {"mode": "batch"}},
@@ -90,6 +91,7 @@ MIN_COSINE = 0.999
 SAMPLE = 48  # texts whose vectors are checked, per peer and scenario
 READY_MARKER = "EMBEDDINGS_BENCH_READY"
 DIRECT_MARKER = "EMBEDDINGS_BENCH_DIRECT_URL"
+DIRECT = "-direct"  # a peer name's suffix: the client on the app replica's own port (direct ingress)
 QUIET_CORES = 0.25  # a run during which other processes used more CPU than this is run again (``--retries``)
 RETRY_PAUSE_S = 20.0
 APP_IMPORT_PATH = "serve_app.app:build_embeddings_app"
@@ -180,26 +182,25 @@ def serve_peer(peer: str, port: int, over: dict[str, Any] | None = None) -> None
     """Run one Ray peer in this process's own local Ray cluster until SIGINT."""
     import ray
     from ray import serve
+    from ray.serve.context import _get_global_client
+
+    from serve_app.direct import direct_urls
 
     ray.init(address="local", num_cpus=max(4, cores()), include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    name = {"app": "embeddings", "naive": "naive"}.get(peer)
     if peer == "app":
         from serve_app.app import build_embeddings_app as build_app
 
         # Served at "/" so its /stats route is reachable too (mounted beside the generation app it takes
         # route_prefix /v1/embeddings; the path to /v1/embeddings is the same code either way).
-        serve.run(build_app(app_args(over)), name="embeddings", route_prefix="/")
+        serve.run(build_app(app_args(over)), name=name, route_prefix="/")
     elif peer == "naive":
-        serve.run(naive_app(str(bundled_encoder_path()), cores()), name="naive", route_prefix="/")
+        serve.run(naive_app(str(bundled_encoder_path()), cores()), name=name, route_prefix="/")
     else:
         raise ValueError(f"unknown Ray peer {peer!r}")
-    if peer == "app":
-        from ray.serve.context import _get_global_client
-
-        from serve_app.direct import direct_urls
-
-        for url in direct_urls(_get_global_client().get_serve_details()).get("embeddings", []):
-            print(DIRECT_MARKER, url, flush=True)
+    for url in direct_urls(_get_global_client().get_serve_details()).get(name, []):
+        print(DIRECT_MARKER, url, flush=True)  # its replica's own port (direct ingress), for a ``-direct`` peer
     print(READY_MARKER, flush=True)
     try:
         while True:
@@ -234,9 +235,9 @@ def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None
             "--disable-log-stats",
         ]
     over: dict[str, Any] = {"batcher": dict(app_batcher or {})}
+    peer = peer.removesuffix(DIRECT)  # the same app; ``running`` reads the replica's own port from its log
     if peer in APP_VARIANTS:
         variant = APP_VARIANTS[peer]
-        # app-direct: the replica's own port comes from the peer's log (``running``), the app is unchanged
         peer, over = "app", {**variant, "batcher": {**over["batcher"], **variant["batcher"]}}
     command = [sys.executable, "-m", "benchmarks.embeddings", "--serve", peer, "--port", str(port)]
     return [*command, "--app-args", json.dumps(over)] if peer == "app" else command
@@ -311,7 +312,7 @@ def running(
             if time.monotonic() - started > startup_timeout_s:
                 raise RuntimeError(f"not ready in {startup_timeout_s:.0f} s: {last_error(tail(log_path))}")
             time.sleep(2)
-        if peer == "app-direct":
+        if peer.endswith(DIRECT):
             url = direct_url(tail(log_path, 50_000), url)
         yield url, time.monotonic() - started, ray_tmp
     finally:

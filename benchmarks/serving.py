@@ -64,7 +64,8 @@ BIN = Path(sys.executable).parent
 MODEL_NAME = "SmolLM2-135M-Instruct"
 DTYPE = "float32"
 MAX_MODEL_LEN = 2048
-PEERS = ("vllm", "vllm-all-cores", "app", "app-all-cores", "app-slo", "ray-serve-llm")
+PEERS = ("vllm", "vllm-all-cores", "app", "app-all-cores", "app-slo", "app-small-steps", "ray-serve-llm")
+SMALL_STEP_TOKENS = 512  # app-small-steps: vLLM's steps at this many tokens (max_num_batched_tokens; 2048 on a CPU)
 ALL_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # vLLM's CPU build then keeps no core for its scheduler
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 INPUT_LEN, OUTPUT_LEN = 96, 64
@@ -206,6 +207,10 @@ def peer_command(
     if peer == "app-all-cores":
         every_core = {**(fleet or {}), "vllm": {**(fleet or {}).get("vllm", {}), "cpu_reserved_cores": 0}}
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, every_core))]
+    if peer == "app-small-steps":
+        vllm = {**(fleet or {}).get("vllm", {}), "engine_args": {"max_num_batched_tokens": SMALL_STEP_TOKENS}}
+        small = {**(fleet or {}), "vllm": vllm}
+        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, small))]
     if peer == "app-slo":
         knobs = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S, **(batcher or {})}
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", knobs))]

@@ -14,6 +14,9 @@ a time):
   app-nice0            ``app`` with ``vllm.cpu_replica_niceness: 0``: the replica's own work (HTTP, tokenizing,
                        admission) no longer yields to the engine's compute on the same cores
   app-small-share-nice0  both
+  app-small-steps      ``app`` with vLLM's steps at ``SMALL_STEP_TOKENS`` tokens (``max_num_batched_tokens``; 2048 by
+                       default on a CPU): a chat's prefill waits for the step running when it arrives, and on a CPU
+                       a step full of the job's prefills takes seconds
   vllm                 vLLM's OpenAI server with ``--scheduling-policy priority``; the job sends every prompt at once
                        to ``/v1/completions`` with ``priority: 1``, the online requests ``priority: 0``
 
@@ -47,6 +50,7 @@ ONLINE_TOKENS = 32
 JOB_ROWS, JOB_TOKENS = 1000, 32
 JOB_PRIORITY = 1
 SMALL_SHARE = 0.125
+SMALL_STEP_TOKENS = 512
 APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priority, app_config's batcher and fleet
     "app": {"priority": JOB_PRIORITY},
     "app-no-priorities": {"priority": 0},
@@ -56,6 +60,10 @@ APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priori
         "priority": JOB_PRIORITY,
         "batcher": {"low_priority_share": SMALL_SHARE},
         "fleet": {"vllm": {"cpu_replica_niceness": 0}},
+    },
+    "app-small-steps": {
+        "priority": JOB_PRIORITY,
+        "fleet": {"vllm": {"engine_args": {"max_num_batched_tokens": SMALL_STEP_TOKENS}}},
     },
 }
 PEERS = ("vllm", *APP_PEERS)  # vllm first: its job-alone tok/s sets the rate
@@ -268,7 +276,8 @@ def markdown(rows: list[dict[str, Any]], job_rows: int, online_s: float, minutes
         f"the same arrivals while the job runs. The job: {job_rows} prompts x {JOB_TOKENS} tokens; `app`: the Ray "
         "Data driver at its default priority (1); `app-no-priorities`: the same driver at priority 0; "
         f"`app-small-share`: `app` with `low_priority_share: {SMALL_SHARE}`; `-nice0`: the replica's process at "
-        "niceness 0 (`vllm.cpu_replica_niceness`, 19 by default); `vllm`: "
+        "niceness 0 (`vllm.cpu_replica_niceness`); "
+        f"`app-small-steps`: `app` with vLLM's steps at {SMALL_STEP_TOKENS} tokens (`max_num_batched_tokens`); `vllm`: "
         "vLLM's server with `--scheduling-policy priority`, every job prompt sent at once at priority 1. "
         "`job x what is left`: the job's tok/s beside the online load over (its tok/s alone - the online "
         "load's tok/s alone). `python -m benchmarks.tenancy`."

@@ -2,7 +2,7 @@
 HTTP on a port of its own, so a request skips Serve's proxy. Serve publishes those ports as the cluster's target
 groups (what a load balancer in front reads); this lists them.
 
-    RAY_AUTH_MODE=token .venv/bin/python -m serve_app.direct      # one line per app: name, route, URLs
+    RAY_AUTH_MODE=token .venv/bin/python -m serve_app.direct      # one line per app: its name, then its URLs
 
     direct_urls(serve_details)   # {"embeddings": ["http://127.0.0.1:30001/v1/embeddings"], ...}
 """

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from serve_app.engines.async_llm import reserved_cores
+from serve_app.engines.async_llm import reserved_cores, step_tokens
 
 SCRIPT = textwrap.dedent(
     """
@@ -66,3 +66,20 @@ def test_yield_cores_lowers_every_thread_and_those_started_later_and_never_raise
 def test_reserved_cores_auto_gives_a_small_host_every_core_and_keeps_vllms_default_above(setting, cores, reserved):
     """None is vLLM's own default (one core for its scheduler); a number is passed on as it is."""
     assert reserved_cores(setting, cores) == reserved
+
+
+@pytest.mark.parametrize(
+    ("setting", "max_num_seqs", "on_gpu", "tokens"),
+    [
+        ("auto", None, False, 512),
+        ("auto", 1024, False, 1024),
+        ("auto", None, True, None),
+        (None, None, False, None),
+        (4096, None, False, 4096),
+        (256, None, True, 256),
+    ],
+)
+def test_step_tokens_auto_gives_a_cpu_small_steps_and_a_gpu_vllms_own(setting, max_num_seqs, on_gpu, tokens):
+    """A CPU step of vLLM's 2048 prompt tokens takes seconds, and every arriving request waits for it; vLLM wants
+    at least ``max_num_seqs`` a step. None is vLLM's own size; a number is passed on as it is."""
+    assert step_tokens(setting, max_num_seqs, on_gpu) == tokens

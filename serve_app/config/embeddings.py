@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -69,6 +69,11 @@ class PoolingSettings(VLLMSettings):
     )
     scheduling_policy: Literal["priority", "fcfs"] = Field(
         "fcfs", description="vLLM's scheduler (the batcher already admits inputs in its own order)"
+    )
+    max_num_batched_tokens: Literal["auto"] | Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description="tokens in one of vLLM's steps; null: vLLM's own (2048 on a CPU): an encoder's input is never "
+        "chunked, and the in-flight budget is two such steps",
     )
 
 

@@ -80,6 +80,7 @@ def yield_cores(niceness: int) -> None:
 
 
 SMALL_HOST_CORES = 2  # at most this many usable cores: `auto` reserves none for vLLM's scheduler
+CPU_STEP_TOKENS = 512  # `auto` tokens in one of vLLM's steps on a CPU (vLLM's own: 2048, seconds a step there)
 
 
 def reserved_cores(setting: str | int | None, cores: int) -> int | None:
@@ -145,6 +146,9 @@ def start_async_llm(
         args["gpu_memory_utilization"] = settings.gpu_memory_utilization
     if settings.max_num_seqs is not None:
         args["max_num_seqs"] = settings.max_num_seqs
+    steps = step_tokens(settings.max_num_batched_tokens, settings.max_num_seqs, on_gpu)
+    if steps is not None:
+        args["max_num_batched_tokens"] = steps
     args.update(extra or {})
     logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
     # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
@@ -160,6 +164,15 @@ def start_async_llm(
         yield_cores(settings.cpu_replica_niceness)
         logger.info("this process now at nice %d, below its engine's processes", settings.cpu_replica_niceness)
     return llm
+
+
+def step_tokens(setting: str | int | None, max_num_seqs: int | None, on_gpu: bool) -> int | None:
+    """``vllm.max_num_batched_tokens`` resolved: a number as given, None for vLLM's own; ``auto``: vLLM's own on a
+    GPU, and on a CPU ``CPU_STEP_TOKENS`` (at least ``max_num_seqs``, which vLLM requires), so that no step of
+    prompt chunks holds an arriving request up for seconds."""
+    if setting != "auto":
+        return setting  # type: ignore[return-value]
+    return None if on_gpu else max(CPU_STEP_TOKENS, max_num_seqs or 0)
 
 
 async def tokenize_prompts(llm: Any, prompts: list[Any], **params: Any) -> list[Any]:
