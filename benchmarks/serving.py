@@ -12,6 +12,8 @@ Peers, each started in turn as its own subprocess (one engine on the CPU at a ti
   app-slo        the same app configured for a latency objective: at most ``SLO_INFLIGHT`` requests inside
                  the engine (what keeps this CPU's time per output token near the objective) and
                  ``max_queue_wait_s``: a request expected to wait longer for admission is refused at once (503)
+  app-small-steps the app with vLLM's steps at ``SMALL_STEP_TOKENS`` (``vllm.max_num_batched_tokens``)
+  app-no-direct  the app with Ray's direct ingress off (serve.env turns it on; the client uses the proxy either way)
   ray-serve-llm  Ray Serve LLM: ``build_openai_app`` over one ``LLMConfig`` on CPU
 
 The client (``vllm.benchmarks.serve``, run in a fresh subprocess per measurement so no state leaks) sends the
@@ -64,7 +66,17 @@ BIN = Path(sys.executable).parent
 MODEL_NAME = "SmolLM2-135M-Instruct"
 DTYPE = "float32"
 MAX_MODEL_LEN = 2048
-PEERS = ("vllm", "vllm-all-cores", "app", "app-all-cores", "app-slo", "app-small-steps", "ray-serve-llm")
+PEERS = (
+    "vllm",
+    "vllm-all-cores",
+    "app",
+    "app-all-cores",
+    "app-slo",
+    "app-small-steps",
+    "app-no-direct",
+    "ray-serve-llm",
+)
+NO_DIRECT = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}  # app-no-direct: serve.env without direct ingress
 SMALL_STEP_TOKENS = 512  # app-small-steps: vLLM's steps at this many tokens (max_num_batched_tokens; 2048 on a CPU)
 ALL_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # vLLM's CPU build then keeps no core for its scheduler
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
@@ -202,7 +214,7 @@ def peer_command(
             str(MAX_MODEL_LEN),
             "--enforce-eager",
         ]
-    if peer == "app":
+    if peer in ("app", "app-no-direct"):  # the latter: the same app, its Ray without direct ingress (``running``)
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, fleet))]
     if peer == "app-all-cores":
         every_core = {**(fleet or {}), "vllm": {**(fleet or {}).get("vllm", {}), "cpu_reserved_cores": 0}}
@@ -251,6 +263,8 @@ def running(
         peer_env.update(serve_env())
     if peer.startswith("app"):
         peer_env["RAY_ADDRESS"] = "local"
+    if peer == "app-no-direct":
+        peer_env.update(NO_DIRECT)
     peer_env.update(extra_env or {})
     with log_path.open("w") as log:
         proc = subprocess.Popen(
