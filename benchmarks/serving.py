@@ -79,6 +79,10 @@ PEERS = (
 NO_DIRECT = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}  # app-no-direct: serve.env without direct ingress
 SMALL_STEP_TOKENS = 512  # app-small-steps: vLLM's steps at this many tokens (max_num_batched_tokens; 2048 on a CPU)
 ALL_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # vLLM's CPU build then keeps no core for its scheduler
+APP_VLLM = {  # app peers that change only the app's `vllm` settings
+    "app-all-cores": {"cpu_reserved_cores": 0},
+    "app-small-steps": {"engine_args": {"max_num_batched_tokens": SMALL_STEP_TOKENS}},
+}
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 INPUT_LEN, OUTPUT_LEN = 96, 64
 RANGE_RATIO = {"input": 0.25, "output": 0.9}  # prompts 72-120 tokens, outputs 6-121 tokens: genuinely mixed
@@ -216,13 +220,9 @@ def peer_command(
         ]
     if peer in ("app", "app-no-direct"):  # the latter: the same app, its Ray without direct ingress (``running``)
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, fleet))]
-    if peer == "app-all-cores":
-        every_core = {**(fleet or {}), "vllm": {**(fleet or {}).get("vllm", {}), "cpu_reserved_cores": 0}}
-        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, every_core))]
-    if peer == "app-small-steps":
-        vllm = {**(fleet or {}).get("vllm", {}), "engine_args": {"max_num_batched_tokens": SMALL_STEP_TOKENS}}
-        small = {**(fleet or {}), "vllm": vllm}
-        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, small))]
+    if peer in APP_VLLM:  # the app with some of its engine's settings changed
+        over = {**(fleet or {}), "vllm": {**(fleet or {}).get("vllm", {}), **APP_VLLM[peer]}}
+        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, over))]
     if peer == "app-slo":
         knobs = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S, **(batcher or {})}
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", knobs))]

@@ -272,11 +272,11 @@ def test_each_app_answers_on_the_direct_url_make_status_names(served_app):
     which `make status` lists (an app's URL is the proxy's until a replica of it runs). A chat and embeddings
     sent there skip the proxy and answer as they do through it."""
     url, env = served_app
-    proxy_port = url.rsplit(":", 1)[1]
+    proxy_port = httpx.URL(url).port
     deadline = time.monotonic() + 180  # the embedding app may still be deploying beside the llm app
     while True:
         urls = direct_urls(env)
-        ports = {u.split(":")[2].split("/")[0] for app in ("llm", "embeddings") for u in urls.get(app, [proxy_port])}
+        ports = {httpx.URL(u).port for app in ("llm", "embeddings") for u in urls.get(app, [url])}
         if proxy_port not in ports:
             break
         assert time.monotonic() < deadline, urls

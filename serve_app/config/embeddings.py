@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from ..models import BUNDLED_ENCODER_NAME
 from .batcher import BatcherSettings
-from .common import DeploymentConfig, merge_defaults
+from .common import AutoOrPositive, DeploymentConfig, merge_defaults
 from .generation import VLLMSettings
 
 PADDED_DEFAULTS: dict[str, Any] = {
@@ -70,10 +70,10 @@ class PoolingSettings(VLLMSettings):
     scheduling_policy: Literal["priority", "fcfs"] = Field(
         "fcfs", description="vLLM's scheduler (the batcher already admits inputs in its own order)"
     )
-    max_num_batched_tokens: Literal["auto"] | Annotated[int, Field(ge=1)] | None = Field(
+    max_num_batched_tokens: AutoOrPositive | None = Field(
         None,
         description="tokens in one of vLLM's steps; null: vLLM's own (2048 on a CPU): an encoder's input is never "
-        "chunked, and the in-flight budget is two such steps",
+        "chunked, and the in-flight budget is two such steps; `auto`: 512 on a CPU, as the generation engine's",
     )
 
 

@@ -57,7 +57,7 @@ class VLLMSettings(Strict):
         "steady load (docs/cpu-tuning.md)",
     )
     max_num_seqs: int | None = Field(None, ge=1, description="vLLM's running cap; default: as `vllm serve` sizes it")
-    max_num_batched_tokens: Literal["auto"] | Annotated[int, Field(ge=1)] | None = Field(
+    max_num_batched_tokens: AutoOrPositive | None = Field(
         "auto",
         description="tokens in one of vLLM's steps, prompt chunks included; null: vLLM's own (2048 on a CPU, 8192 "
         "on a GPU). `auto`: 512 on a CPU-only host (at least `max_num_seqs`), where a step of 2048 prompt tokens "
