@@ -1,7 +1,8 @@
 """CPU tuning (docs/cpu-tuning.md): a process holding a CPU engine can yield its cores to the engine
 (``vllm.cpu_replica_niceness`` above 0): every thread it has drops to that niceness, and so do the threads it
 starts afterwards; it never asks to rise (that needs privileges). ``vllm.cpu_reserved_cores: auto`` keeps no
-core from the engine's compute on a small host, and vLLM's own reservation on a larger one."""
+core from the engine's compute on a small host, and vLLM's own reservation on a larger one; with every core
+computing, ``vllm.cpu_spin_count: auto`` keeps the engine's idle threads from busy-waiting long on them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import textwrap
 
 import pytest
 
-from serve_app.engines.async_llm import reserved_cores, step_tokens
+from serve_app.engines.async_llm import reserved_cores, spin_count, step_tokens
 
 SCRIPT = textwrap.dedent(
     """
@@ -69,6 +70,15 @@ def test_reserved_cores_auto_gives_a_small_host_every_core_and_keeps_vllms_defau
 
 
 @pytest.mark.parametrize(
+    ("setting", "reserved", "spins"),
+    [("auto", 0, 1_000), ("auto", None, None), ("auto", 1, None), (None, 0, None), (50, 0, 50), (0, None, 0)],
+)
+def test_spin_count_auto_limits_busy_waiting_only_where_the_engine_has_every_core(setting, reserved, spins):
+    """None keeps libgomp's own; with a core reserved (None: vLLM's own reservation) its scheduler has one to itself."""
+    assert spin_count(setting, reserved) == spins
+
+
+@pytest.mark.parametrize(
     ("setting", "max_num_seqs", "on_gpu", "tokens"),
     [
         ("auto", None, False, 512),
@@ -83,3 +93,31 @@ def test_step_tokens_auto_gives_a_cpu_small_steps_and_a_gpu_vllms_own(setting, m
     """A CPU step of vLLM's 2048 prompt tokens takes seconds, and every arriving request waits for it; vLLM wants
     at least ``max_num_seqs`` a step. None is vLLM's own size; a number is passed on as it is."""
     assert step_tokens(setting, max_num_seqs, on_gpu) == tokens
+
+
+@pytest.mark.parametrize(("cores", "spins", "reserved"), [(2, "1000", "0"), (8, None, None)])
+def test_the_engine_starts_with_the_resolved_spin_count_and_reservation_in_its_environment(
+    monkeypatch, cores, spins, reserved
+):
+    """vLLM spawns its engine processes on a CPU, so they start with the environment ``start_async_llm`` holds while
+    the engine starts (their /proc environ is unreadable once vLLM renames them); outside that, nothing is left set."""
+    vllm = pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from serve_app.config import VLLMSettings
+    from serve_app.engines import async_llm
+
+    for name in ("GOMP_SPINCOUNT", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(async_llm.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    seen = {}
+
+    def start(engine_args, **kwargs):
+        seen.update(spins=os.environ.get("GOMP_SPINCOUNT"), reserved=os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"))
+        return object()
+
+    monkeypatch.setattr(vllm, "AsyncEngineArgs", dict)  # no model to look up: only the environment matters here
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", start)
+    async_llm.start_async_llm("a-model", VLLMSettings(), on_gpu=False)
+    assert seen == {"spins": spins, "reserved": reserved}
+    assert "GOMP_SPINCOUNT" not in os.environ and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
