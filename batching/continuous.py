@@ -21,8 +21,8 @@ Example::
 
 Online and batch traffic together: each record has a ``priority`` (lower runs first; vLLM's meaning) and a
 ``tenant``; lower numbers are admitted first, waiting records age so none starves, lower priorities can be
-held to a share of the budget while higher ones are about (``low_priority_share``), and tenants of one
-priority can share it fairly by admitted cost (``fair_share``).
+held to a share of the budget (``low_priority_share``) and of each engine step (``low_priority_step_budget``)
+while higher ones are about, and tenants of one priority can share it fairly by admitted cost (``fair_share``).
 
 Guarantees (property-tested): the cost in flight never exceeds the budget except a single record costlier
 than the whole budget, which then runs alone; every future and stream handed out ends exactly once; strict
@@ -110,6 +110,13 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             arrives while a batch job fills the engine finds room at once. A record of priority ``p`` is
             admitted only if the in-flight cost and count of priorities ``>= p``, with it, stay within the
             share, or if none of them is in flight (a lone record always runs). 1.0 (default): no cap.
+        low_priority_step_budget: while the share cap is in force, the records of each lower priority and
+            below may also put at most this much together into each of the engine's steps: a record puts its
+            cost less its growth (an LLM's prompt, which the engine must process before its first token; growth
+            as for ``peak_estimate``) until its first output, then 1 (a token a step). Where a step takes
+            longer the more tokens it holds (an LLM on CPU cores), an interactive request waits for the step
+            running when it arrives and then for its own: this bounds both, while the batch job keeps the
+            engine busy with what fits. A lone record always runs. ``None`` (default): no step budget.
         share_hold_s: how long the share cap outlasts the last higher-priority record (bursts of
             interactive traffic have gaps; without a hold the batch job refills the engine in each one).
         fair_share: share each priority fairly between tenants (token-weighted virtual counters, VTC:
@@ -143,6 +150,7 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         priority_fn: Callable[[RecordT], int] | None = None,
         aging_s: float | None = 30.0,
         low_priority_share: float = 1.0,
+        low_priority_step_budget: int | None = None,
         share_hold_s: float = 5.0,
         fair_share: bool = False,
         tenant_fn: Callable[[RecordT], Hashable | None] | None = None,
@@ -156,6 +164,11 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         self._tenant_fn = tenant_fn
         self._aging = None if aging_s is None else _number("aging_s", aging_s, 0.0, open_low=True)
         self._share = _number("low_priority_share", low_priority_share, 0.0, 1.0, open_low=True)
+        self._step_budget = (
+            None
+            if low_priority_step_budget is None
+            else positive_int("low_priority_step_budget", low_priority_step_budget)
+        )
         self._share_hold = _number("share_hold_s", share_hold_s, 0.0)
         self._fair = bool(fair_share)  # the queue (made in super().__init__) needs these four
         super().__init__(

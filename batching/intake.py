@@ -41,7 +41,8 @@ class RecordIntake(RecordScheduler):
         return [None] * len(records) if costs is None else list(costs)
 
     def _growth_of(self, record: Any, cost: int) -> int:
-        if not self._peak:
+        """Tokens it may add while it runs (what the peak estimate and the step budget need; 0 when neither is on)."""
+        if not self._peak and self._step_budget is None:
             return 0
         if self._growth_estimator is not None:
             growth = check_cost(self._growth_estimator(record), "growth_estimator")

@@ -30,9 +30,19 @@ __all__ = ["Level", "TicketQueue"]
 
 class Level:
     """One priority: its queued tickets (all, and per tenant with fair share), its tenants' virtual counters
-    and backlogs (records queued or in flight), and the cost and count it holds in flight."""
+    and backlogs (records queued or in flight), and the cost, count and step load it holds in flight."""
 
-    __slots__ = ("backlog", "counters", "inflight", "inflight_cost", "priority", "queue", "queued_cost", "tenants")
+    __slots__ = (
+        "backlog",
+        "counters",
+        "inflight",
+        "inflight_cost",
+        "inflight_step",
+        "priority",
+        "queue",
+        "queued_cost",
+        "tenants",
+    )
 
     def __init__(self, priority: int) -> None:
         self.priority = priority
@@ -40,6 +50,7 @@ class Level:
         self.queued_cost = 0
         self.inflight = 0
         self.inflight_cost = 0
+        self.inflight_step = 0  # the step loads (Ticket.step_load) of its records in flight
         self.tenants: dict[Hashable, OrderedDict[Ticket, None]] = {}  # only tenants with records queued
         self.counters: dict[Hashable, int] = {}
         self.backlog: dict[Hashable, int] = {}
@@ -49,8 +60,8 @@ class TicketQueue:
     """Queued tickets by priority (and tenant), plus each priority's in-flight cost; see the module doc.
 
     The scheduler calls :meth:`push` when a record is queued, :meth:`candidates` to choose the next one,
-    then :meth:`admit`, and :meth:`release` when it leaves the engine, or :meth:`withdraw` when it leaves
-    the queue unadmitted.
+    then :meth:`admit`, :meth:`first_output` when it produces its first output, and :meth:`release` when it
+    leaves the engine, or :meth:`withdraw` when it leaves the queue unadmitted.
     """
 
     def __init__(self, fair_share: bool = False, aging_s: float | None = None) -> None:
@@ -106,8 +117,14 @@ class TicketQueue:
         level = self._unqueue(ticket)
         level.inflight += 1
         level.inflight_cost += ticket.cost
+        level.inflight_step += ticket.step_load()
         if self._fair:
             level.counters[ticket.tenant] += ticket.cost
+
+    def first_output(self, ticket: Ticket) -> None:
+        """An admitted ``ticket`` produced its first output: from now on it puts one token into each step. Call it
+        before setting ``ticket.first_output``."""
+        self._levels[ticket.priority].inflight_step += 1 - ticket.step_load()
 
     def withdraw(self, ticket: Ticket, now: float) -> None:
         """``ticket`` leaves the queue without being admitted (at ``now``)."""
@@ -118,6 +135,7 @@ class TicketQueue:
         level = self._levels[ticket.priority]
         level.inflight -= 1
         level.inflight_cost -= ticket.cost
+        level.inflight_step -= ticket.step_load()
         self._leave(level, ticket, now)
 
     def _unqueue(self, ticket: Ticket) -> Level:
@@ -204,14 +222,16 @@ class TicketQueue:
                 until = max(until, left + hold)
         return until
 
-    def inflight_from(self, priority: int) -> tuple[int, int]:
-        """(cost, count) in flight of the records of ``priority`` and every lower priority (larger numbers)."""
-        cost = count = 0
+    def inflight_from(self, priority: int) -> tuple[int, int, int]:
+        """(cost, count, step load) in flight of the records of ``priority`` and every lower priority (larger
+        numbers)."""
+        cost = count = step = 0
         for level in self._levels.values():
             if level.priority >= priority:
                 cost += level.inflight_cost
                 count += level.inflight
-        return cost, count
+                step += level.inflight_step
+        return cost, count, step
 
     def queued_by_tenant(self) -> dict[Hashable, int]:
         """Records queued per tenant, only tenants with any."""

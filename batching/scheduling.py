@@ -43,6 +43,7 @@ class RecordScheduler(BaseBatcher):
     _peak: bool
     _progress_fn: Callable[[Any], int] | None
     _share: float  # low_priority_share
+    _step_budget: int | None  # low_priority_step_budget
     _share_hold: float  # share_hold_s
     _share_timer: asyncio.TimerHandle | None  # a pump due when a share hold ends
     _running: set[Ticket]
@@ -82,24 +83,35 @@ class RecordScheduler(BaseBatcher):
             return True  # an idle engine takes anything, even a record costlier than the whole budget
         if len(self._running) >= self._max_inflight:
             return False
-        if self._share < 1.0 and not self._within_share(ticket):
+        if self._capped and not self._within_share(ticket):
             return False
         if self._peak:
             return peak_cost([t.held() for t in self._running] + [ticket.held()]) <= self._budget
         return self._inflight_cost + ticket.cost <= self._budget
 
+    @property
+    def _capped(self) -> bool:
+        """Whether lower priorities are held back at all while higher ones are about."""
+        return self._share < 1.0 or self._step_budget is not None
+
     def _within_share(self, ticket: Ticket) -> bool:
         """The share cap: while a record of a higher priority is queued or in flight (or left within
         ``share_hold_s``), the records of ``ticket``'s priority and lower ones may hold together at most
-        ``low_priority_share`` of the budget and of ``max_inflight``, unless none of them is in flight."""
+        ``low_priority_share`` of the budget and of ``max_inflight``, and put at most ``low_priority_step_budget``
+        into each of the engine's steps, unless none of them is in flight."""
         now = self._clock()
         until = self._queue.share_held_until(ticket.priority, now, self._share_hold)
         if until <= now:
             return True
-        cost, count = self._queue.inflight_from(ticket.priority)
+        cost, count, step = self._queue.inflight_from(ticket.priority)
         if not count:
             return True  # a lone record always may run: lower priorities never starve
-        if cost + ticket.cost <= self._share * self._budget and count + 1 <= self._share * self._max_inflight:
+        budget = self._step_budget
+        if (
+            cost + ticket.cost <= self._share * self._budget
+            and count + 1 <= self._share * self._max_inflight
+            and (budget is None or step + ticket.step_load() <= budget)
+        ):
             return True
         if until < math.inf:  # the hold ends without an event of its own: look again then
             timer = self._share_timer
@@ -129,7 +141,7 @@ class RecordScheduler(BaseBatcher):
                 ticket = head
             else:
                 ticket = min(islice(candidates, self._lookahead), key=_cost)  # ties: the older one
-            if self._share < 1.0 and self._running and not self._within_share(ticket):
+            if self._capped and self._running and not self._within_share(ticket):
                 above = ticket.priority
                 continue
             return ticket if self._fits(ticket) else None
@@ -209,8 +221,12 @@ class RecordScheduler(BaseBatcher):
 
     def _output(self, ticket: Ticket, output: Any) -> None:
         if not ticket.first_output:
+            if ticket.state == ADMITTED:
+                self._queue.first_output(ticket)
             ticket.first_output = True
             self._stats.first_output(self._clock() - ticket.enqueued_at)
+            if self._step_budget is not None and self._queue:
+                self._pump()  # its prompt has left the engine's steps: room for more within the step budget
         ticket.last = output
         if self._peak:
             ticket.produced = self._progress_fn(output) if self._progress_fn is not None else ticket.produced + 1

@@ -77,6 +77,11 @@ class Ticket:
         self.first_output = False
         self.last: Any = NO_OUTPUT
 
+    def step_load(self) -> int:
+        """What it puts into each of the engine's steps: its cost less its growth (an LLM's prompt, at least 1)
+        until its first output, then 1 (a token a step)."""
+        return 1 if self.first_output else max(1, self.cost - self.growth)
+
     def held(self) -> tuple[int, int]:
         """(tokens held now, tokens it may still add), for :func:`peak_cost`."""
         produced = min(self.produced, self.growth)

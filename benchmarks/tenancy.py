@@ -17,6 +17,8 @@ a time):
   app-small-steps      ``app`` with vLLM's steps at ``SMALL_STEP_TOKENS`` tokens (``max_num_batched_tokens``; 2048 by
                        default on a CPU): a chat's prefill waits for the step running when it arrives, and on a CPU
                        a step full of the job's prefills takes seconds
+  app-no-step-cap      ``app`` without ``batcher.low_priority_step_tokens``: the job's prompts and running sequences
+                       fill each step up to vLLM's own size while chats are about
   vllm                 vLLM's OpenAI server with ``--scheduling-policy priority``; the job sends every prompt at once
                        to ``/v1/completions`` with ``priority: 1``, the online requests ``priority: 0``
 
@@ -65,6 +67,7 @@ APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priori
         "priority": JOB_PRIORITY,
         "fleet": {"vllm": {"engine_args": {"max_num_batched_tokens": SMALL_STEP_TOKENS}}},
     },
+    "app-no-step-cap": {"priority": JOB_PRIORITY, "batcher": {"low_priority_step_tokens": None}},
 }
 PEERS = ("vllm", *APP_PEERS)  # vllm first: its job-alone tok/s sets the rate
 ONLINE_QUESTIONS = [
@@ -110,7 +113,7 @@ async def one_chat(session: Any, url: str, question: str, sent: float) -> dict[s
                     first = time.perf_counter() - sent
     except Exception as exc:  # a dropped connection is a failed request, counted as such
         return {"ok": False, "status": repr(exc)}
-    return {"ok": first is not None, "ttft": first, "e2e": time.perf_counter() - sent, "tokens": tokens}
+    return {"ok": first is not None, "ttft": first, "e2e": time.perf_counter() - sent, "tokens": tokens, "sent": sent}
 
 
 async def online_load(url: str, rate: float, until: Any, seed: int = 0) -> list[dict[str, Any]]:
@@ -209,8 +212,10 @@ def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float
         rate = rate or ONLINE_SHARE * row["job_alone_tok_s"] / ONLINE_TOKENS
         row["online_rate"] = rate
         started = time.perf_counter()
-        quiet = online_row(asyncio.run(online_load(url, rate, _for(online_s))), time.perf_counter() - started)
+        outcomes = asyncio.run(online_load(url, rate, _for(online_s)))
+        quiet = online_row(outcomes, time.perf_counter() - started)
         row |= {f"alone_{k}": v for k, v in quiet.items()}
+        row["alone_timeline"] = timeline(outcomes, started)
         job: dict[str, Any] = {}
         done = False
 
@@ -219,6 +224,7 @@ def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float
             try:
                 job.update(run_job(peer, url, ray_tmp, path, workdir))
             finally:
+                job["ended_at"] = time.perf_counter()
                 done = True
 
         import threading
@@ -230,6 +236,11 @@ def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float
         busy = online_row(outcomes, time.perf_counter() - started)
         thread.join()
         row |= {f"beside_{k}": v for k, v in busy.items()}
+        row["beside_timeline"] = timeline(outcomes, started)
+        # The job's own clock (the driver's wall time runs from its first row read to its last written): what
+        # came before it is the driver starting up on the same cores, the rest the job streaming.
+        ended = job["ended_at"] - started
+        row["job_window_s"] = [round(ended - job["job_wall_s"], 1), round(ended, 1)]
         row |= {"job_errors": job["job_errors"], "job_beside_tok_s": job["job_tokens"] / job["job_wall_s"]}
     left = row["job_alone_tok_s"] - row["alone_online_tok_s"]
     row["ttft_p99_vs_alone"] = row["beside_ttft_p99_s"] / row["alone_ttft_p99_s"]
@@ -237,6 +248,11 @@ def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float
     row["job_vs_left"] = row["job_beside_tok_s"] / left if left > 0 else math.nan
     row["total_tok_s"] = row["job_beside_tok_s"] + row["beside_online_tok_s"]
     return row
+
+
+def timeline(outcomes: list[dict[str, Any]], started: float) -> list[list[float]]:
+    """Each answered request's [seconds into its phase when sent, TTFT]: where in a phase its tail falls."""
+    return [[round(o["sent"] - started, 2), round(o["ttft"], 3)] for o in outcomes if o["ok"]]
 
 
 def _for(seconds: float) -> Any:

@@ -14,7 +14,7 @@ import enum
 import json
 import pickle
 import selectors
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -313,6 +313,107 @@ def test_the_share_cap_lets_a_lone_record_larger_than_the_share_run():
     run(main)
 
 
+@dataclass(eq=False)
+class Prompted:
+    """A record of an LLM-like engine: ``prompt`` tokens to process before its first output, then ``growth`` more."""
+
+    name: str
+    prompt: int
+    growth: int = 5
+    priority: int = 0
+
+    def estimate_tokens(self) -> int:
+        return self.prompt + self.growth
+
+    def estimate_growth(self) -> int:
+        return self.growth
+
+
+class SteppingEngine:
+    """A fake streaming engine: each record yields its first output (its prompt processed) and then its last only
+    when the test says so (``prefilled``, ``finish``)."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self._first: dict[str, asyncio.Event] = {}
+        self._last: dict[str, asyncio.Event] = {}
+
+    def _gate(self, gates: dict[str, asyncio.Event], name: str) -> asyncio.Event:
+        return gates.setdefault(name, asyncio.Event())
+
+    def prefilled(self, *names: str) -> None:
+        for name in names:
+            self._gate(self._first, name).set()
+
+    def finish(self, *names: str) -> None:
+        for name in names:
+            self._gate(self._first, name).set()
+            self._gate(self._last, name).set()
+
+    async def stream(self, job: Prompted) -> AsyncIterator[str]:
+        self.started.append(job.name)
+        await self._gate(self._first, job.name).wait()
+        yield f"{job.name}: first token"
+        await self._gate(self._last, job.name).wait()
+        yield f"{job.name}: done"
+
+
+def test_a_batch_jobs_prompts_are_held_to_the_step_budget_while_interactive_work_is_about():
+    """With interactive work about, the batch job's records may put at most ``low_priority_step_budget`` into each
+    engine step: a record's prompt until its first output, then one token. Each first output makes room for the
+    next prompt; without interactive work (and once the hold has passed) there is no step budget."""
+
+    async def main(loop: ClockLoop) -> None:
+        engine = SteppingEngine()
+        async with ContinuousBatcher(
+            engine.stream, max_inflight_cost=1_000, low_priority_step_budget=25, share_hold_s=5.0
+        ) as batcher:
+            alone = [batcher.submit_nowait(Prompted(f"a{i}", 10, priority=1)) for i in range(4)]
+            await until(lambda: len(engine.started) == 4)  # nothing of a higher priority about: no step budget
+            engine.finish("a0", "a1", "a2", "a3")
+            await asyncio.gather(*alone)
+
+            chat = batcher.submit_nowait(Prompted("chat", 10, priority=0))
+            await until(lambda: "chat" in engine.started)
+            batch = [batcher.submit_nowait(Prompted(f"b{i}", 10, priority=1)) for i in range(6)]
+            await until(lambda: engine.started[-2:] == ["b0", "b1"])  # 10 + 10 within 25; b2 would make 30
+            await ticks(10)
+            assert engine.started[-2:] == ["b0", "b1"]
+            engine.prefilled("b0")  # b0 now puts one token a step: 1 + 10 + 10 = 21
+            await until(lambda: "b2" in engine.started)
+            await ticks(10)
+            assert "b3" not in engine.started  # 31
+            engine.prefilled("b1", "b2")  # 1 + 1 + 1 + 10 + 10 = 23: b3 and b4
+            await until(lambda: "b4" in engine.started)
+            await ticks(10)
+            assert "b5" not in engine.started  # 33
+            engine.finish("chat")
+            await chat
+            loop.now += 5.1  # the hold ends: b5 goes in beside the others
+            await until(lambda: "b5" in engine.started)
+            engine.finish(*(f"b{i}" for i in range(6)))
+            await asyncio.gather(*batch)
+
+    run(main)
+
+
+def test_the_step_budget_lets_a_lone_batch_record_with_a_longer_prompt_run():
+    async def main(loop: ClockLoop) -> None:
+        engine = SteppingEngine()
+        async with ContinuousBatcher(engine.stream, low_priority_step_budget=8) as batcher:
+            chat = batcher.submit_nowait(Prompted("chat", 10, priority=0))
+            long = batcher.submit_nowait(Prompted("long", 50, priority=2))  # over the budget, but alone
+            short = batcher.submit_nowait(Prompted("short", 2, priority=2))  # 50 + 2 until "long" is prefilled
+            await until(lambda: engine.started == ["chat", "long"])
+            await ticks(10)
+            engine.prefilled("long")  # 1 + 2 within 8
+            await until(lambda: "short" in engine.started)
+            engine.finish("chat", "long", "short")
+            await asyncio.gather(chat, long, short)
+
+    run(main)
+
+
 # Fair share between tenants (VTC) ---------------------------------------------------------------------------
 
 
@@ -398,7 +499,7 @@ def test_a_tenant_back_from_idle_starts_level_with_the_least_served():
     assert [name[0] for name in after] == ["a", "b", "c"] * 3
 
 
-# Random workloads: exactly once, budget, share, priority order --------------------------------------------
+# Random workloads: exactly once, budget, share, step budget, priority order -----------------------------
 
 
 @st.composite
@@ -407,9 +508,11 @@ def workloads(draw: st.DrawFn) -> dict[str, Any]:
     record = st.fixed_dictionaries(
         {
             "cost": st.integers(0, 30),
+            "growth": st.integers(0, 30),  # of its cost (at most all of it): the rest is its "prompt"
             "priority": st.integers(0, 3),
             "tenant": st.sampled_from(["x", "y", "z", None]),
             "ticks": st.integers(0, 3),
+            "ticks_after_first": st.integers(0, 3),
             "fail": st.booleans(),
             "sink": st.sampled_from(["future", "stream"]),
             "cancel": st.sampled_from([None, None, None, "now", "later", "running"]),
@@ -428,6 +531,8 @@ def workloads(draw: st.DrawFn) -> dict[str, Any]:
         "order": draw(st.sampled_from(["fifo", "length_aware"])),
         "lookahead": draw(st.integers(1, 8)),
         "share": draw(st.sampled_from([1.0, 0.75, 0.5, 0.25])),
+        "step_budget": draw(st.sampled_from([None, None, 1, 5, 20, 60])),
+        "streaming": draw(st.booleans()),  # process_fn yields a first output, then its last; else returns one
         "fair_share": draw(st.booleans()),
         "clock": draw(st.booleans()),  # the clock moves (records age), or stands still
     }
@@ -435,11 +540,16 @@ def workloads(draw: st.DrawFn) -> dict[str, Any]:
 
 async def run_workload(w: dict[str, Any]) -> None:
     """Random records with priorities and tenants from several producers, some withdrawn (queued or running),
-    some failing. The share hold never ends once it began; the clock moves (records age: ``aging_s`` 5) or
-    stands still (then strict priority order holds too)."""
+    some failing, some streaming a first output before their last. The share hold never ends once it began; the
+    clock moves (records age: ``aging_s`` 5) or stands still (then strict priority order holds too)."""
     specs = w["records"]
-    budget, max_inflight, share = w["budget"], w["max_inflight"], w["share"]
+    budget, max_inflight, share, step_budget = w["budget"], w["max_inflight"], w["share"], w["step_budget"]
     inside: dict[int, int] = {}  # record -> cost, while its process_fn runs
+    first_out: set[int] = set()  # records that have yielded their first output
+
+    def step_load(j: int) -> int:  # what it puts into each engine step: its "prompt", then a token
+        return 1 if j in first_out else max(1, specs[j]["cost"] - min(specs[j]["growth"], specs[j]["cost"]))
+
     violations: list[str] = []
     entered: list[int] = []
     submitted: list[int] = []  # in the order submit returned
@@ -467,6 +577,9 @@ async def run_workload(w: dict[str, Any]) -> None:
             cost = sum(inside[j] for j in lower)
             if len(lower) > 1 and (cost > share * budget or len(lower) > share * max_inflight):
                 violations.append(f"share: {i} entered; priorities >= {p} hold {cost} in {len(lower)} records")
+            load = sum(step_load(j) for j in lower)
+            if len(lower) > 1 and step_budget is not None and load > step_budget:
+                violations.append(f"step budget: {i} entered; priorities >= {p} put {load} into a step")
         stats = batcher.stats
         if sum(stats.tokens_by_priority.values()) != stats.queued_cost + stats.in_flight_cost:
             violations.append(f"tokens_by_priority {stats.tokens_by_priority}")
@@ -486,6 +599,21 @@ async def run_workload(w: dict[str, Any]) -> None:
             if specs[i]["fail"]:
                 raise RuntimeError("injected")
             return f"r{i}"
+        finally:
+            del inside[i]
+
+    async def process_streaming(i: int) -> AsyncIterator[str]:
+        enter(i)
+        try:
+            if specs[i]["cancel"] == "running":
+                withdraw(i)
+            await ticks(specs[i]["ticks"])
+            if specs[i]["fail"]:
+                raise RuntimeError("injected")
+            first_out.add(i)
+            yield f"f{i}"
+            await ticks(specs[i]["ticks_after_first"])
+            yield f"r{i}"
         finally:
             del inside[i]
 
@@ -510,8 +638,9 @@ async def run_workload(w: dict[str, Any]) -> None:
         endings[i] = endings.get(i, 0) + 1
 
     batcher = ContinuousBatcher(
-        process,
+        process_streaming if w["streaming"] else process,
         cost_estimator=lambda i: specs[i]["cost"],
+        growth_estimator=lambda i: specs[i]["growth"],
         priority_fn=priority,
         tenant_fn=lambda i: specs[i]["tenant"],
         max_inflight_cost=budget,
@@ -521,6 +650,7 @@ async def run_workload(w: dict[str, Any]) -> None:
         lookahead=w["lookahead"],
         max_wait_s=60,
         low_priority_share=share,
+        low_priority_step_budget=step_budget,
         share_hold_s=1e9,
         aging_s=5.0,
         fair_share=w["fair_share"],

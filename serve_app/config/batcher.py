@@ -68,6 +68,14 @@ class ContinuousSettings(QueueSettings):
         "this share of the in-flight budget and of `max_inflight`, so an interactive request finds room at once; "
         "alone, a batch job fills the engine. 1: no cap",
     )
+    low_priority_step_tokens: AutoOrPositive | None = Field(
+        "auto",
+        description="while the share cap is in force, lower priorities together may also put at most this many tokens "
+        "into each of the engine's steps (a request's prompt until its first token, then one a step), so a step an "
+        "interactive request waits for stays short where its time grows with its tokens. `auto`: the engine's own "
+        "figure (vLLM on a CPU: half its step, 256 of 512 tokens; none on a GPU, whose decode steps barely grow); "
+        "null: no step cap",
+    )
     share_hold_s: float = Field(
         5.0, ge=0, description="how long the share cap outlasts the last higher-priority request"
     )
@@ -83,10 +91,14 @@ class ContinuousSettings(QueueSettings):
         "served the fewest tokens (VTC: token-weighted virtual counters); off: arrival order",
     )
 
-    def batcher_kwargs(self, kv_cache_tokens: int | None, max_running: int | None) -> dict[str, Any]:
-        """``ContinuousBatcher``'s keywords; the engine's KV cache size and running cap resolve ``auto``."""
+    def batcher_kwargs(
+        self, kv_cache_tokens: int | None, max_running: int | None, step_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """``ContinuousBatcher``'s keywords; the engine's KV cache size, running cap and step figure (its
+        ``low_priority_step_tokens()``) resolve ``auto``."""
         budget = self.max_inflight_tokens if self.max_inflight_tokens != "auto" else None
         inflight = self.max_inflight if self.max_inflight != "auto" else None
+        step = step_tokens if self.low_priority_step_tokens == "auto" else self.low_priority_step_tokens
         return {
             "max_inflight_cost": budget or kv_cache_tokens or AUTO_FALLBACK_TOKENS,
             "max_inflight": inflight or max_running or AUTO_FALLBACK_INFLIGHT,
@@ -96,6 +108,7 @@ class ContinuousSettings(QueueSettings):
             "peak_estimate": self.peak_estimate,
             "max_queue_wait_s": self.max_queue_wait_s,
             "low_priority_share": self.low_priority_share,
+            "low_priority_step_budget": step,
             "share_hold_s": self.share_hold_s,
             "aging_s": self.aging_s,
             "fair_share": self.fair_share,

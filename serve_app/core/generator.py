@@ -62,13 +62,16 @@ class Generator(Core[AppConfig, BatcherSettings]):
         super().__init__(config, engine, observer)
 
     def _new_batcher(self, settings: BatcherSettings) -> TokenBatcher | ContinuousBatcher:
-        """``settings.mode``'s batcher; ``auto`` sizes come from the engine (its KV cache, its running cap)."""
+        """``settings.mode``'s batcher; ``auto`` sizes come from the engine (its KV cache, its running cap, its step
+        figure for lower priorities)."""
         engine = self.engine
         if settings.mode == "batch":
             kwargs = settings.batcher_kwargs(engine.kv_cache_tokens() or AUTO_FALLBACK_TOKENS)
             self.budget = kwargs["target_batch_tokens"] * kwargs["max_concurrent_batches"]
             return TokenBatcher(self._process_batch, **kwargs)
-        kwargs = settings.batcher_kwargs(engine.kv_cache_tokens(), engine.max_running())
+        kwargs = settings.batcher_kwargs(
+            engine.kv_cache_tokens(), engine.max_running(), engine.low_priority_step_tokens()
+        )
         self.budget = kwargs["max_inflight_cost"]
         return ContinuousBatcher(self._process_one, progress_fn=progress, **kwargs)
 

@@ -173,6 +173,12 @@ class Engine(abc.ABC):
         leaves it under-filled, more only queues them inside it, out of the batcher's order); None: unknown."""
         return None
 
+    def low_priority_step_tokens(self) -> int | None:
+        """How many tokens of lower priorities' work one of the engine's steps may hold while interactive requests
+        are about (an ``auto`` ``batcher.low_priority_step_tokens``); None: no cap, where a step takes about as long
+        whatever it holds."""
+        return None
+
     async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Stop a request whose caller went away (its result is then discarded)."""
 
