@@ -95,16 +95,21 @@ def test_step_tokens_auto_gives_a_cpu_small_steps_and_a_gpu_vllms_own(setting, m
     assert step_tokens(setting, max_num_seqs, on_gpu) == tokens
 
 
-@pytest.mark.parametrize(("cores", "spins", "reserved"), [(2, "1000", "0"), (8, None, None)])
+@pytest.mark.parametrize(
+    ("settings", "cores", "spins", "reserved"),
+    [("VLLMSettings", 2, "1000", "0"), ("VLLMSettings", 8, None, None), ("PoolingSettings", 2, None, "0")],
+)
 def test_the_engine_starts_with_the_resolved_spin_count_and_reservation_in_its_environment(
-    monkeypatch, cores, spins, reserved
+    monkeypatch, settings, cores, spins, reserved
 ):
     """vLLM spawns its engine processes on a CPU, so they start with the environment ``start_async_llm`` holds while
-    the engine starts (their /proc environ is unreadable once vLLM renames them); outside that, nothing is left set."""
+    the engine starts (their /proc environ is unreadable once vLLM renames them); outside that, nothing is left set.
+    The pooling engine keeps libgomp's own spinning (an embedding load runs step after step)."""
     vllm = pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from serve_app.config import VLLMSettings
+    from serve_app.config.embeddings import PoolingSettings
     from serve_app.engines import async_llm
 
     for name in ("GOMP_SPINCOUNT", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
@@ -118,6 +123,7 @@ def test_the_engine_starts_with_the_resolved_spin_count_and_reservation_in_its_e
 
     monkeypatch.setattr(vllm, "AsyncEngineArgs", dict)  # no model to look up: only the environment matters here
     monkeypatch.setattr(AsyncLLM, "from_engine_args", start)
-    async_llm.start_async_llm("a-model", VLLMSettings(), on_gpu=False)
+    chosen = {"VLLMSettings": VLLMSettings, "PoolingSettings": PoolingSettings}[settings]
+    async_llm.start_async_llm("a-model", chosen(), on_gpu=False)
     assert seen == {"spins": spins, "reserved": reserved}
     assert "GOMP_SPINCOUNT" not in os.environ and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
