@@ -70,9 +70,9 @@ class PoolingSettings(VLLMSettings):
     cpu_spin_count: Literal["auto"] | Annotated[int, Field(ge=0)] | None = Field(
         None,
         description="CPU-only hosts: GOMP_SPINCOUNT of the engine's compute threads; null: libgomp's own (300,000). "
-        "An embedding load runs step after step with no one waiting on a first token, and spinning keeps the threads "
-        "hot between them (2 cores, 64 clients: libgomp's own and 1,000 spins within 5% for the app, vLLM's own "
-        "server 5-10% faster with libgomp's own); `auto`: 1,000 where no core is reserved, as for generation",
+        "An embedding load runs step after step with no one waiting on a first token (2 cores, 64 clients: the app "
+        "within its run-to-run noise either way, vLLM's own server 5-10% faster with libgomp's own); `auto`: 1,000 "
+        "where no core is reserved, as for generation",
     )
     scheduling_policy: Literal["priority", "fcfs"] = Field(
         "fcfs", description="vLLM's scheduler (the batcher already admits inputs in its own order)"
