@@ -466,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="+", choices=list(BENCHES), default=list(BENCHES))
     args = parser.parse_args(argv)
+    try:  # the plots need the bench extras: say so before an hour of measuring, not after it
+        import matplotlib  # noqa: F401
+    except ImportError:
+        parser.error("the plots need matplotlib: `make bench`, or .venv/bin/pip install -e '.[bench]' first")
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = "-quick" if args.quick else ""
     for name in args.only:
