@@ -16,6 +16,9 @@ from ..models import BUNDLED
 AutoOrPositive = Literal["auto"] | Annotated[int, Field(ge=1)]
 """A size the app works out itself (``auto``) or an integer >= 1."""
 
+AutoOrCount = Literal["auto"] | Annotated[int, Field(ge=0)]
+"""A count the app works out itself (``auto``) or an integer >= 0."""
+
 API_KEY_ENV = "SERVE_APP_API_KEY"
 """The environment variable holding the API key when ``api_key`` is not in the config (as vLLM's
 ``VLLM_API_KEY``); read in the replica's process."""

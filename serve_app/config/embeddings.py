@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from ..models import BUNDLED_ENCODER_NAME
 from .batcher import BatcherSettings
-from .common import AutoOrPositive, DeploymentConfig, merge_defaults
+from .common import AutoOrCount, AutoOrPositive, DeploymentConfig, merge_defaults
 from .generation import VLLMSettings
 
 PADDED_DEFAULTS: dict[str, Any] = {
@@ -67,7 +67,7 @@ class PoolingSettings(VLLMSettings):
         "own default, None, keeps one, half of a 2-core host); 0: every core computes, as the embeddings benchmark "
         "runs vLLM's own server",
     )
-    cpu_spin_count: Literal["auto"] | Annotated[int, Field(ge=0)] | None = Field(
+    cpu_spin_count: AutoOrCount | None = Field(
         None,
         description="CPU-only hosts: GOMP_SPINCOUNT of the engine's compute threads; null: libgomp's own (300,000). "
         "An embedding load runs step after step with no one waiting on a first token (2 cores, 64 clients: the app "

@@ -3,13 +3,13 @@ built, so a bad value fails ``serve run`` at once with a message naming the fiel
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from ..models import BUNDLED_NAME
 from .batcher import BatcherSettings, ContinuousSettings
-from .common import AutoOrPositive, DeploymentConfig, Strict
+from .common import AutoOrCount, AutoOrPositive, DeploymentConfig, Strict
 
 
 class SamplingDefaults(Strict):
@@ -40,14 +40,14 @@ class VLLMSettings(Strict):
         "(OMP_NUM_THREADS; `auto`: every usable core). vLLM's default binding runs one thread per core it does not "
         "reserve (`cpu_reserved_cores`)",
     )
-    cpu_reserved_cores: Literal["auto"] | Annotated[int, Field(ge=0)] | None = Field(
+    cpu_reserved_cores: AutoOrCount | None = Field(
         "auto",
         description="CPU-only hosts: cores vLLM keeps off its compute threads for its scheduler "
         "(VLLM_CPU_NUM_OF_RESERVED_CPU); null: vLLM's own default, one. `auto`: none on a host of 2 cores or fewer, "
         "where one is half the compute (on 2 cores: 1.44x a chat burst's output tok/s; a batch job 1.51x offline "
         "`LLM.generate` against 0.97x), vLLM's own above",
     )
-    cpu_spin_count: Literal["auto"] | Annotated[int, Field(ge=0)] | None = Field(
+    cpu_spin_count: AutoOrCount | None = Field(
         "auto",
         description="CPU-only hosts: how long an idle compute thread of the engine busy-waits for more work before it "
         "sleeps (GOMP_SPINCOUNT, in spins; null: libgomp's own, 300,000). `auto`: 1,000 where no core is reserved "
