@@ -68,7 +68,7 @@ from typing import Any
 from serve_app.engines.encoder import bundled_encoder_path
 
 from .padding import make_texts
-from .procs import own_leftovers, stop
+from .procs import own_leftovers, spawn, stop
 from .run import percentile
 from .serving import free_port, last_error, serve_env, tail
 
@@ -291,13 +291,12 @@ def running(
     log_path = workdir / f"{peer}.log"
     ray_tmp = tempfile.mkdtemp(prefix="rte", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     with log_path.open("w") as log:
-        proc = subprocess.Popen(
+        proc = spawn(
             peer_command(peer, port, app_batcher),
             cwd=ROOT,
             env=peer_env(peer, ray_tmp),
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()

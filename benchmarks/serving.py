@@ -59,7 +59,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .procs import stop
+from .procs import spawn, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -267,13 +267,12 @@ def running(
         peer_env.update(NO_DIRECT)
     peer_env.update(extra_env or {})
     with log_path.open("w") as log:
-        proc = subprocess.Popen(
+        proc = spawn(
             [*peer_command(peer, folder, port, workdir, batcher, fleet), *(extra or [])],
             cwd=ROOT,
             env=peer_env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     started = time.monotonic()

@@ -95,17 +95,16 @@ def result_of_private_cluster(args: list[str], timeout: float) -> dict[str, Any]
     import sys
     import tempfile
 
-    from benchmarks.procs import stop
+    from benchmarks.procs import spawn, stop
 
     ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # a private cluster: its own temp dir, found and cleaned
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,
     )
     try:
         output, _ = proc.communicate(timeout=timeout)

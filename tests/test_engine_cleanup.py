@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.procs import Proc, alive, descendants, gcs_address, processes, replicas, stop
+from benchmarks.procs import Proc, alive, descendants, gcs_address, processes, replicas, spawn, stop
 from benchmarks.serving import serve_env
 
 from .conftest import FIGURES, free_port
@@ -183,12 +183,13 @@ def assert_gone(engine: list[Proc], since: str, bound: float = ENGINE_GONE_S) ->
 
 
 def signal_state(pid: int) -> str:
-    """Where a process stands with its signals (pending, blocked, caught) and what each thread waits in: what a
+    """Where a process stands with its signals (pending, blocked, ignored, caught) and what each thread waits in: what a
     Ctrl-C that is never acted on leaves behind (this case has failed that way in some full-suite runs)."""
     lines = []
     try:
         status = Path(f"/proc/{pid}/status").read_text().splitlines()
-        lines.append(" ".join(line for line in status if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigCgt"))))
+        masks = ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+        lines.append(" ".join(line for line in status if line.startswith(masks)))
         for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
             name = (task / "comm").read_text().strip()
             blocked = next(x for x in (task / "status").read_text().splitlines() if x.startswith("SigBlk"))
@@ -210,13 +211,12 @@ def start_serve_run(work: Path) -> ServeRun:
     env.pop("RAY_ADDRESS", None)
     log = work / "serve.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(
+        proc = spawn(
             [str(BIN / "serve"), "run", str(config)],
             cwd=ROOT,
             env={**env, "RAY_ADDRESS": "local"},
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: what Ctrl-C in its terminal signals
         )
     return ServeRun(proc, marker, f"http://127.0.0.1:{port}", env, log)
 
@@ -252,6 +252,26 @@ def own_run(prepared, tmp_path_factory) -> Iterator[ServeRun]:
     run = start_serve_run(tmp_path_factory.mktemp("serve"))
     yield run
     finish(run)
+
+
+SPAWNED_UNDER_IGNORED_SIGINT = """
+import signal, subprocess, sys
+from benchmarks.procs import spawn
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job of a non-interactive shell starts a test run
+probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+child = spawn([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True)
+print(child.communicate(timeout=60)[0].strip(), subprocess.run([sys.executable, "-c", probe], capture_output=True,
+      text=True).stdout.strip())
+"""
+
+
+def test_servers_start_with_sigint_acted_on_even_where_the_test_run_ignores_it():
+    """A server started for a test (or a benchmark) gets SIGINT at its default, as under a terminal, so Ctrl-C
+    reaches it even where the test run itself ignores SIGINT; a plain child keeps it ignored (what made the Ctrl-C
+    case below fail in runs started as background jobs: ``serve run`` never saw the signal)."""
+    out = subprocess.run([sys.executable, "-c", SPAWNED_UNDER_IGNORED_SIGINT], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"], out.stdout
 
 
 def test_ctrl_c_twice_on_serve_run_leaves_no_engine(own_run):

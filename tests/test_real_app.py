@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.procs import own_leftovers, stop
+from benchmarks.procs import own_leftovers, spawn, stop
 from benchmarks.serving import serve_env
 
 from .conftest import free_port
@@ -53,13 +53,12 @@ def served_app(tmp_path_factory):
     env.update(serve_env())  # what make serve runs with
     env.pop("RAY_ADDRESS", None)
     log = (tmp_path_factory.mktemp("log") / "serve.log").open("w+")
-    proc = subprocess.Popen(
+    proc = spawn(
         [str(BIN / "serve"), "run", str(config)],
         cwd=ROOT,
         env={**env, "RAY_ADDRESS": "local"},
         stdout=log,
         stderr=subprocess.STDOUT,
-        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
