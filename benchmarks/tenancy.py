@@ -14,9 +14,9 @@ a time):
   app-nice0            ``app`` with ``vllm.cpu_replica_niceness: 0``: the replica's own work (HTTP, tokenizing,
                        admission) no longer yields to the engine's compute on the same cores
   app-small-share-nice0  both
-  app-small-steps      ``app`` with vLLM's steps at ``SMALL_STEP_TOKENS`` tokens (``max_num_batched_tokens``; 2048 by
-                       default on a CPU): a chat's prefill waits for the step running when it arrives, and on a CPU
-                       a step full of the job's prefills takes seconds
+  app-small-steps      ``app`` with vLLM's steps at ``SMALL_STEP_TOKENS`` tokens (``vllm.max_num_batched_tokens``; 512
+                       by default on a CPU, and the step cap half of it): a chat's prefill waits for the step running
+                       when it arrives, and on a CPU a step's time grows with its tokens
   app-no-step-cap      ``app`` without ``batcher.low_priority_step_tokens``: the job's prompts and running sequences
                        fill each step up to vLLM's own size while chats are about
   vllm                 vLLM's OpenAI server with ``--scheduling-policy priority``; the job sends every prompt at once
@@ -52,7 +52,7 @@ ONLINE_TOKENS = 32
 JOB_ROWS, JOB_TOKENS = 1000, 32
 JOB_PRIORITY = 1
 SMALL_SHARE = 0.125
-SMALL_STEP_TOKENS = 512
+SMALL_STEP_TOKENS = 256
 APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priority, app_config's batcher and fleet
     "app": {"priority": JOB_PRIORITY},
     "app-no-priorities": {"priority": 0},
@@ -65,7 +65,7 @@ APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priori
     },
     "app-small-steps": {
         "priority": JOB_PRIORITY,
-        "fleet": {"vllm": {"engine_args": {"max_num_batched_tokens": SMALL_STEP_TOKENS}}},
+        "fleet": {"vllm": {"max_num_batched_tokens": SMALL_STEP_TOKENS}},
     },
     "app-no-step-cap": {"priority": JOB_PRIORITY, "batcher": {"low_priority_step_tokens": None}},
 }
