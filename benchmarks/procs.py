@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_SIGINT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
@@ -32,12 +33,12 @@ DEFAULT_SIGINT = (
 as it does under a terminal's shell)."""
 
 
-def spawn(argv: list[str], **popen: object) -> subprocess.Popen:
+def spawn(argv: list[str], **popen: Any) -> subprocess.Popen:
     """``argv`` in a process group of its own, as a terminal's shell starts a command: SIGINT at its default, so
     :func:`stop`'s Ctrl-C (SIGINT to the group) is acted on. Without the reset a server would inherit SIGINT
     *ignored* whenever this process runs as a background job of a non-interactive shell (``make test &`` in a
     script): POSIX has such a shell ignore SIGINT in what it starts, and Python keeps an ignored SIGINT ignored."""
-    return subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT, *argv], start_new_session=True, **popen)  # type: ignore[call-overload]
+    return subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT, *argv], start_new_session=True, **popen)
 
 
 def own_leftovers(marker: str) -> list[int]:

@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+from serve_app.config import VLLMSettings
+from serve_app.config.embeddings import PoolingSettings
 from serve_app.engines.async_llm import reserved_cores, spin_count, step_tokens
 
 SCRIPT = textwrap.dedent(
@@ -97,7 +99,7 @@ def test_step_tokens_auto_gives_a_cpu_small_steps_and_a_gpu_vllms_own(setting, m
 
 @pytest.mark.parametrize(
     ("settings", "cores", "spins", "reserved"),
-    [("VLLMSettings", 2, "1000", "0"), ("VLLMSettings", 8, None, None), ("PoolingSettings", 2, None, "0")],
+    [(VLLMSettings, 2, "1000", "0"), (VLLMSettings, 8, None, None), (PoolingSettings, 2, None, "0")],
 )
 def test_the_engine_starts_with_the_resolved_spin_count_and_reservation_in_its_environment(
     monkeypatch, settings, cores, spins, reserved
@@ -108,8 +110,6 @@ def test_the_engine_starts_with_the_resolved_spin_count_and_reservation_in_its_e
     vllm = pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from serve_app.config import VLLMSettings
-    from serve_app.config.embeddings import PoolingSettings
     from serve_app.engines import async_llm
 
     for name in ("GOMP_SPINCOUNT", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
@@ -123,7 +123,6 @@ def test_the_engine_starts_with_the_resolved_spin_count_and_reservation_in_its_e
 
     monkeypatch.setattr(vllm, "AsyncEngineArgs", dict)  # no model to look up: only the environment matters here
     monkeypatch.setattr(AsyncLLM, "from_engine_args", start)
-    chosen = {"VLLMSettings": VLLMSettings, "PoolingSettings": PoolingSettings}[settings]
-    async_llm.start_async_llm("a-model", chosen(), on_gpu=False)
+    async_llm.start_async_llm("a-model", settings(), on_gpu=False)
     assert seen == {"spins": spins, "reserved": reserved}
     assert "GOMP_SPINCOUNT" not in os.environ and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
