@@ -1,0 +1,280 @@
+"""Online chats beside a batch job on a GPU: the batching core's priority admission in front of a real engine.
+
+``benchmarks/tenancy.py`` asks this of the Serve app on vLLM's CPU build, where a step's time grows with its
+tokens. The GPU machine some sessions are lent has neither Ray nor vLLM, so this asks it one layer down, where the
+answer is decided: :class:`~batching.ContinuousBatcher` with the replica's defaults (``batcher`` in
+``serve_config.yaml``: the job at priority 1 held to half the budget while chats are about, aging 30 s; no step
+cap on a GPU) in front of transformers' continuous-batching engine (``benchmarks/hf_engine.py``: a Qwen2-shaped
+decoder with **random weights**, so timing only; every answer runs to its ``max_new_tokens``).
+
+Peers, one after another on the same engine (the first five by default, in this order):
+
+  admission-engine-priority  the batcher as the replica runs it (chats at priority 0, the job at 1) and the
+                          engine's waiting queue in priority order, as the app runs vLLM
+                          (``scheduling_policy: priority``)
+  admission-engine-priority-no-share  the same with ``low_priority_share`` 1 (no share cap): where a step takes
+                          as long with 256 sequences as with 512, holding the job to half of them halves its tok/s
+  engine-priority         every request straight into the engine, its waiting queue in priority order, as vLLM's
+                          server with ``--scheduling-policy priority`` (``tenancy.py``'s ``vllm`` peer)
+  admission               ``admission-engine-priority`` with the engine's queue FIFO
+  engine                  every request straight into the engine, FIFO, as vLLM's users feed it a batch
+  admission-no-priorities ``admission`` with the job at priority 0: nothing tells the two apart
+  admission-step-cap      ``admission`` with the job held to half of each step's tokens while chats are about
+                          (``low_priority_step_budget``: the replica's default on a CPU, none on a GPU); its job
+                          streams, so that the batcher sees each prompt's first token
+
+Each peer runs the job alone (its output tok/s), the chats alone (Poisson arrivals at ``ONLINE_SHARE`` of the
+first peer's job-alone tok/s; TTFT p50/p99), then both, the chats running until the job ends. Reported as in
+``tenancy.py``: chat TTFT beside the job against alone, and the job's tok/s against what is left for it (also
+against the run's fastest job alone, which a less warm first peer cannot flatter). Also the model's own step times
+(one forward over a batch) at a few batch sizes: how a step grows with its tokens there.
+
+    python -m benchmarks.gpu_tenancy [--shape qwen2.5-1.5b] [--device cuda] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from batching import ContinuousBatcher
+
+from .hf_engine import SHAPES, Engine, Request, build_model, step_times
+from .run import page, percentile
+
+ONLINE_SHARE = 0.3
+CHAT_PROMPT, CHAT_TOKENS = 32, 32
+JOB_PROMPT, JOB_TOKENS = 128, 64
+JOB_PRIORITY = 1
+PEERS = (
+    "admission-engine-priority",
+    "admission-engine-priority-no-share",
+    "engine-priority",
+    "admission",
+    "engine",
+    "admission-no-priorities",
+    "admission-step-cap",
+)
+
+
+async def run_one(peer: Any, request: Request) -> dict[str, Any]:
+    """One request through ``peer`` (a batcher or the engine): its TTFT, E2E and tokens."""
+    sent = time.perf_counter()
+    first, tokens = None, 0
+    source = await peer.stream(request) if isinstance(peer, ContinuousBatcher) else peer.stream(request)
+    async for tokens in source:
+        if first is None and tokens:
+            first = time.perf_counter() - sent
+    return {"ttft": first, "e2e": time.perf_counter() - sent, "tokens": tokens, "sent": sent}
+
+
+def prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
+    return [rng.randrange(1, vocab) for _ in range(length)]
+
+
+async def job(peer: Any, rows: int, priority: int, vocab: int, stream: bool = False) -> dict[str, Any]:
+    """``rows`` prompts, all submitted at once; the job's output tokens and wall time."""
+    rng = random.Random(7)
+    requests = [Request(prompt(rng, JOB_PROMPT, vocab), JOB_TOKENS, priority, stream) for _ in range(rows)]
+    began = time.perf_counter()
+    outcomes = await asyncio.gather(*(run_one(peer, r) for r in requests))
+    wall = time.perf_counter() - began
+    return {"tokens": sum(o["tokens"] for o in outcomes), "wall_s": wall, "ended_at": time.perf_counter()}
+
+
+async def chats(peer: Any, rate: float, until: Any, vocab: int, seed: int) -> tuple[list[dict[str, Any]], float]:
+    """Streamed chats at priority 0, Poisson arrivals at ``rate``/s until ``until()``; outcomes, when it began."""
+    rng = random.Random(seed)
+    tasks = []
+    began = time.perf_counter()
+    while not until():
+        request = Request(prompt(rng, CHAT_PROMPT, vocab), CHAT_TOKENS, 0, stream=True)
+        tasks.append(asyncio.ensure_future(run_one(peer, request)))
+        await asyncio.sleep(rng.expovariate(rate))
+    outcomes = list(await asyncio.gather(*tasks))
+    return outcomes, began
+
+
+def chat_row(outcomes: list[dict[str, Any]], began: float, wall: float) -> dict[str, Any]:
+    """TTFT p50/p99, tok/s, and each chat's [seconds into the phase when sent, TTFT]: where the tail falls."""
+    ttfts = [o["ttft"] for o in outcomes if o["ttft"] is not None]
+    return {
+        "chats": len(outcomes),
+        "chat_tok_s": sum(o["tokens"] for o in outcomes) / wall,
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "timeline": [[round(o["sent"] - began, 3), round(o["ttft"], 4)] for o in outcomes if o["ttft"] is not None],
+    }
+
+
+def _for(seconds: float) -> Any:
+    deadline = time.perf_counter() + seconds
+    return lambda: time.perf_counter() >= deadline
+
+
+async def measure(name: str, engine: Engine, args: argparse.Namespace, rate: float | None, vocab: int) -> dict:
+    """One peer's three phases on ``engine``; ``rate`` None: 30% of this peer's job-alone tok/s."""
+    row: dict[str, Any] = {"peer": name}
+    priority = 0 if name == "admission-no-priorities" else JOB_PRIORITY
+    capped = name == "admission-step-cap"
+    batcher = None
+    engine.priorities_on = "engine-priority" in name
+    if name.startswith("admission"):  # the replica's defaults (serve_app.config.batcher.ContinuousSettings)
+        batcher = ContinuousBatcher(
+            engine.stream,
+            max_inflight_cost=args.kv_tokens,
+            max_inflight=args.max_seqs,
+            max_queue_size=args.rows + 100_000,
+            low_priority_share=1.0 if name.endswith("no-share") else 0.5,
+            share_hold_s=5.0,
+            aging_s=30.0,
+            low_priority_step_budget=args.step_tokens // 2 if capped else None,
+            growth_estimator=lambda request: request.max_new_tokens,
+        )
+        await batcher.start()
+    peer = batcher or engine
+    try:
+        alone = await job(peer, args.rows, priority, vocab, capped)
+        row["job_alone_tok_s"] = alone["tokens"] / alone["wall_s"]
+        rate = rate or ONLINE_SHARE * row["job_alone_tok_s"] / CHAT_TOKENS
+        row["chat_rate"] = rate
+        outcomes, began = await chats(peer, rate, _for(args.online_s), vocab, seed=1)
+        row |= {f"alone_{k}": v for k, v in chat_row(outcomes, began, time.perf_counter() - began).items()}
+        running = asyncio.ensure_future(job(peer, args.rows, priority, vocab, capped))
+        outcomes, began = await chats(peer, rate, running.done, vocab, seed=2)
+        beside = await running
+        row |= {f"beside_{k}": v for k, v in chat_row(outcomes, began, time.perf_counter() - began).items()}
+        row["job_beside_tok_s"] = beside["tokens"] / beside["wall_s"]
+    finally:
+        if batcher is not None:
+            await batcher.stop()
+    left = row["job_alone_tok_s"] - row["alone_chat_tok_s"]
+    row["ttft_p99_vs_alone"] = row["beside_ttft_p99_s"] / row["alone_ttft_p99_s"]
+    row["ttft_p50_vs_alone"] = row["beside_ttft_p50_s"] / row["alone_ttft_p50_s"]
+    row["job_vs_left"] = row["job_beside_tok_s"] / left if left > 0 else math.nan
+    return row
+
+
+COLUMNS = [
+    ("peer", "peer", ""),
+    ("chat_rate", "chats/s", ".1f"),
+    ("alone_ttft_p50_s", "TTFT p50 alone (ms)", "ms"),
+    ("alone_ttft_p99_s", "TTFT p99 alone (ms)", "ms"),
+    ("beside_ttft_p50_s", "TTFT p50 beside the job (ms)", "ms"),
+    ("beside_ttft_p99_s", "TTFT p99 beside the job (ms)", "ms"),
+    ("ttft_p99_vs_alone", "p99 x alone", ".2f"),
+    ("job_alone_tok_s", "job alone tok/s", ".0f"),
+    ("job_beside_tok_s", "job beside tok/s", ".0f"),
+    ("job_vs_left", "job x what is left", ".2f"),
+    ("job_vs_left_best", "job x what is left (best job alone)", ".2f"),
+]
+
+
+def with_best(rows: list[dict]) -> list[dict]:
+    """Each row with ``job_vs_left_best``: its job beside the chats over (the fastest job alone of the run - its
+    chats alone), which a peer measured first cannot flatter by a slower, less warm job alone."""
+    best = max(r["job_alone_tok_s"] for r in rows)
+    return [r | {"job_vs_left_best": r["job_beside_tok_s"] / (best - r["alone_chat_tok_s"])} for r in rows]
+
+
+def markdown(rows: list[dict], steps: list[dict], args: argparse.Namespace, device: str, minutes: float) -> str:
+    shown = [{k: (v * 1000 if k.endswith("_s") and "ttft" in k else v) for k, v in r.items()} for r in with_best(rows)]
+    columns = [(k, h, ".0f" if f == "ms" else f) for k, h, f in COLUMNS]
+    about = (
+        f"{device}; a `{args.shape}`-shaped decoder with random weights in transformers' continuous-batching "
+        f"engine (KV cache {args.kv_tokens} tokens, steps of {args.step_tokens} tokens, {args.max_seqs} sequences). "
+        f"Chats: {CHAT_PROMPT}-token prompts, {CHAT_TOKENS} tokens streamed, priority 0, Poisson arrivals at "
+        f"{ONLINE_SHARE:.0%} of the first peer's job-alone tok/s, {args.online_s:.0f} s alone, then beside the job. "
+        f"The job: {args.rows} prompts of {JOB_PROMPT} tokens x {JOB_TOKENS} tokens, all submitted at once. "
+        "`admission`: `batching.ContinuousBatcher` with the replica's defaults, the job at priority 1; "
+        "`admission-no-priorities`: the job at 0; `engine`: every request straight into the engine (FIFO); "
+        "`admission-step-cap`: `admission` with the job's tokens in each step held to half a step; "
+        "`-engine-priority`: the engine's waiting queue in priority order (vLLM's `--scheduling-policy priority`); "
+        "`-no-share`: `low_priority_share` 1. "
+        "`python -m benchmarks.gpu_tenancy`."
+    )
+    step_lines = ["", "The model's steps (ms): " + "; ".join(
+        f"batch {s['batch']}: decode {s['decode_ms']}, prefill of {s['batch']}x{JOB_PROMPT} {s['prefill_ms']}"
+        for s in steps
+    ), ""]  # fmt: skip
+    return page("Chats beside a batch job on a GPU (batching core + transformers' engine)", about, shown, columns,
+                step_lines, minutes)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=SHAPES, default="qwen2.5-1.5b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS[:5]))
+    parser.add_argument("--rows", type=int, help="the job's prompts (default: what the engine serves in --job-s)")
+    parser.add_argument("--warm-rows", type=int, default=1024, help="the warm-up's job (also sizes --rows)")
+    parser.add_argument("--job-s", type=float, default=25.0, help="size the job to run this long alone")
+    parser.add_argument("--online-s", type=float, default=25.0, help="the chats alone run this long")
+    parser.add_argument("--kv-tokens", type=int, default=131_072)
+    parser.add_argument("--step-tokens", type=int, default=4096, help="the engine's tokens per step")
+    parser.add_argument("--max-seqs", type=int, default=512)
+    parser.add_argument("--deadline-s", type=float, default=math.inf, help="start no peer that would end later")
+    parser.add_argument("--out", help="a folder for gpu_tenancy.md and .json (rewritten after each peer)")
+    args = parser.parse_args(argv)
+    began = time.monotonic()
+    model = build_model(args.shape, args.device)
+    steps = step_times(model, args.device, JOB_PROMPT)
+    print(json.dumps({"steps": steps}), flush=True)
+    device = args.device
+    if device.startswith("cuda"):
+        import torch
+
+        device = torch.cuda.get_device_name()
+    vocab = model.config.vocab_size
+    engine = Engine(model, args.kv_tokens, args.step_tokens, args.max_seqs)
+    rows: list[dict[str, Any]] = []
+
+    def write() -> None:
+        text = markdown(rows, steps, args, device, (time.monotonic() - began) / 60)
+        if args.out:
+            Path(args.out, "gpu_tenancy.md").write_text(text)
+            Path(args.out, "gpu_tenancy.json").write_text(json.dumps({"rows": rows, "steps": steps}, indent=2))
+        print(text, flush=True)
+
+    async def all_peers() -> None:
+        # Warm-up: the engine keeps getting faster for a while (it captures a CUDA graph per new batch shape), so
+        # mixed load, then the job's shape until two runs agree within 5% (at most four): its tok/s sizes the job.
+        warm = asyncio.ensure_future(job(engine, args.warm_rows // 2, 0, vocab))
+        await chats(engine, 20.0, warm.done, vocab, seed=0)
+        speeds: list[float] = []
+        while len(speeds) < 2 or (speeds[-1] > 1.05 * speeds[-2] and len(speeds) < 4):
+            sized = await job(engine, args.warm_rows, 0, vocab)
+            speeds.append(sized["tokens"] / sized["wall_s"])
+        if args.rows is None:
+            args.rows = max(256, round(speeds[-1] * args.job_s / JOB_TOKENS))
+        print(json.dumps({"warm_tok_s": speeds, "rows": args.rows}), flush=True)
+        rate, per_peer = None, 0.0
+        for name in args.peers:
+            if time.monotonic() - began + per_peer > args.deadline_s:
+                print(f"{name}: skipped, it would end after --deadline-s", flush=True)
+                continue
+            started = time.monotonic()
+            row = await measure(name, engine, args, rate, vocab)
+            per_peer = max(per_peer, time.monotonic() - started)
+            rate = rate or row["chat_rate"]
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if not k.endswith("timeline")}), flush=True)
+            write()
+
+    try:
+        asyncio.run(all_peers())
+    finally:
+        engine.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
