@@ -198,7 +198,8 @@ def markdown(rows: list[dict], steps: list[dict], args: argparse.Namespace, devi
         "`admission-no-priorities`: the job at 0; `engine`: every request straight into the engine (FIFO); "
         "`admission-step-cap`: `admission` with the job's tokens in each step held to half a step; "
         "`-engine-priority`: the engine's waiting queue in priority order (vLLM's `--scheduling-policy priority`); "
-        "`-no-share`: `low_priority_share` 1. "
+        "`-no-share`: `low_priority_share` 1. `job x what is left`: the job's tok/s beside the chats over (its tok/s "
+        "alone - the chats' alone); `(best job alone)`: over the run's fastest job alone instead. "
         "`python -m benchmarks.gpu_tenancy`."
     )
     step_lines = ["", "The model's steps (ms): " + "; ".join(
@@ -245,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         print(text, flush=True)
 
     async def all_peers() -> None:
-        # Warm-up: the engine keeps getting faster for a while (it captures a CUDA graph per new batch shape), so
-        # mixed load, then the job's shape until two runs agree within 5% (at most four): its tok/s sizes the job.
+        # Warm-up: on an H200 the engine kept getting faster through its first minutes (new batch shapes; the cause
+        # was not pinned down), so mixed load, then the job until two runs agree within 5% (at most four); the
+        # last one's tok/s sizes the job.
         warm = asyncio.ensure_future(job(engine, args.warm_rows // 2, 0, vocab))
         await chats(engine, 20.0, warm.done, vocab, seed=0)
         speeds: list[float] = []
