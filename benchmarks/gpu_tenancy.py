@@ -48,7 +48,7 @@ from typing import Any
 from batching import ContinuousBatcher
 
 from .hf_engine import SHAPES, Engine, Request, build_model, step_times
-from .run import page, percentile
+from .run import after, page, percentile, timeline
 
 ONLINE_SHARE = 0.3
 CHAT_PROMPT, CHAT_TOKENS = 32, 32
@@ -111,13 +111,8 @@ def chat_row(outcomes: list[dict[str, Any]], began: float, wall: float) -> dict[
         "chat_tok_s": sum(o["tokens"] for o in outcomes) / wall,
         "ttft_p50_s": statistics.median(ttfts),
         "ttft_p99_s": percentile(ttfts, 99),
-        "timeline": [[round(o["sent"] - began, 3), round(o["ttft"], 4)] for o in outcomes if o["ttft"] is not None],
+        "timeline": timeline(outcomes, began),
     }
-
-
-def _for(seconds: float) -> Any:
-    deadline = time.perf_counter() + seconds
-    return lambda: time.perf_counter() >= deadline
 
 
 async def measure(name: str, engine: Engine, args: argparse.Namespace, rate: float | None, vocab: int) -> dict:
@@ -146,7 +141,7 @@ async def measure(name: str, engine: Engine, args: argparse.Namespace, rate: flo
         row["job_alone_tok_s"] = alone["tokens"] / alone["wall_s"]
         rate = rate or ONLINE_SHARE * row["job_alone_tok_s"] / CHAT_TOKENS
         row["chat_rate"] = rate
-        outcomes, began = await chats(peer, rate, _for(args.online_s), vocab, seed=1)
+        outcomes, began = await chats(peer, rate, after(args.online_s), vocab, seed=1)
         row |= {f"alone_{k}": v for k, v in chat_row(outcomes, began, time.perf_counter() - began).items()}
         running = asyncio.ensure_future(job(peer, args.rows, priority, vocab, capped))
         outcomes, began = await chats(peer, rate, running.done, vocab, seed=2)

@@ -33,6 +33,17 @@ def png(name: str, quick: bool) -> str:
     return f"{name}{'-quick' if quick else ''}.png"
 
 
+def after(seconds: float) -> Callable[[], bool]:
+    """``until`` for a load loop: true once ``seconds`` have passed from now."""
+    deadline = time.perf_counter() + seconds
+    return lambda: time.perf_counter() >= deadline
+
+
+def timeline(outcomes: Iterable[dict[str, Any]], started: float) -> list[list[float]]:
+    """Each answered request's [seconds into its phase when sent, TTFT]: where in a phase its tail falls."""
+    return [[round(o["sent"] - started, 2), round(o["ttft"], 3)] for o in outcomes if o.get("ttft") is not None]
+
+
 def percentile(values: Iterable[float], q: float) -> float:
     """Nearest-rank percentile ``q`` (0-100) of ``values`` in any order, as the batcher's stats take it;
     NaN when there are none (a benchmark row must not show 0 for "nothing measured")."""

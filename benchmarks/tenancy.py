@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .run import percentile
+from .run import after, percentile, timeline
 from .serving import MODEL_NAME, ROOT, run_driver, running
 
 ONLINE_SHARE = 0.3
@@ -206,13 +206,13 @@ def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float
     row: dict[str, Any] = {"peer": peer}
     with start(peer, folder, workdir) as (url, startup_s, ray_tmp):
         row["startup_s"] = round(startup_s, 1)
-        asyncio.run(online_load(url, 2.0, _for(10.0)))  # warm-up: a fresh server's first requests
+        asyncio.run(online_load(url, 2.0, after(10.0)))  # warm-up: a fresh server's first requests
         alone = run_job(peer, url, ray_tmp, path, workdir)
         row["job_alone_tok_s"] = alone["job_tokens"] / alone["job_wall_s"]
         rate = rate or ONLINE_SHARE * row["job_alone_tok_s"] / ONLINE_TOKENS
         row["online_rate"] = rate
         started = time.perf_counter()
-        outcomes = asyncio.run(online_load(url, rate, _for(online_s)))
+        outcomes = asyncio.run(online_load(url, rate, after(online_s)))
         quiet = online_row(outcomes, time.perf_counter() - started)
         row |= {f"alone_{k}": v for k, v in quiet.items()}
         row["alone_timeline"] = timeline(outcomes, started)
@@ -248,16 +248,6 @@ def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float
     row["job_vs_left"] = row["job_beside_tok_s"] / left if left > 0 else math.nan
     row["total_tok_s"] = row["job_beside_tok_s"] + row["beside_online_tok_s"]
     return row
-
-
-def timeline(outcomes: list[dict[str, Any]], started: float) -> list[list[float]]:
-    """Each answered request's [seconds into its phase when sent, TTFT]: where in a phase its tail falls."""
-    return [[round(o["sent"] - started, 2), round(o["ttft"], 3)] for o in outcomes if o["ok"]]
-
-
-def _for(seconds: float) -> Any:
-    deadline = time.perf_counter() + seconds
-    return lambda: time.perf_counter() >= deadline
 
 
 COLUMNS = [
