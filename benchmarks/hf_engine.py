@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 SHAPES: dict[str, dict[str, int]] = {  # Qwen2 configs' sizes; "tiny" is for a CPU smoke run
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -85,18 +85,16 @@ def step_times(
     return rows
 
 
-def priority_scheduler() -> type:
+def priority_scheduler(priorities: dict[str, int]) -> type:
     """transformers' FIFO scheduler with its waiting queue in priority order (lower first, FIFO within one), as
-    vLLM's ``--scheduling-policy priority`` orders its own; priorities come from the class's ``priorities`` dict
-    (request id -> priority), which :class:`Engine` fills while its ``priorities_on``."""
+    vLLM's ``--scheduling-policy priority`` orders its own; a request's priority is ``priorities[request_id]``
+    (0 if absent). The engine picks its scheduler by name, so this one is registered as ``"priority"``."""
     from transformers.generation.continuous_batching.scheduler import SCHEDULER_MAPPING, FIFOScheduler
 
     class PriorityScheduler(FIFOScheduler):
-        priorities: ClassVar[dict[str, int]] = {}
-
         def _get_waiting_candidates(self) -> list:
             order = super()._get_waiting_candidates()
-            return sorted(order, key=lambda state: self.priorities.get(state.request_id, 0))
+            return sorted(order, key=lambda state: priorities.get(state.request_id, 0))
 
     SCHEDULER_MAPPING["priority"] = PriorityScheduler
     return PriorityScheduler
@@ -110,7 +108,8 @@ class Engine:
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
         self.priorities_on = False
-        self._priorities: dict[str, int] = priority_scheduler().priorities
+        self._priorities: dict[str, int] = {}  # request id -> priority, read by its scheduler
+        priority_scheduler(self._priorities)  # the manager started below builds its scheduler from it
 
         page_size = 256
         cb = ContinuousBatchingConfig(
