@@ -10,6 +10,9 @@ turn (started, measured, stopped; the next one starts after it has gone):
                 direct ingress; ``make status`` lists the port): no proxy hop, no fetching each request's body
                 back from the proxy. Any Ray peer with ``-direct`` appended (``app-padded-direct``, ``naive-direct``)
                 likewise
+  app-python-proxy  the same app with Serve's Python proxy on the client's port instead of HAProxy
+                (``RAY_SERVE_ENABLE_HA_PROXY=0`` over serve.env): each request crosses the proxy, and the replica
+                fetches its body back from it
   app-padded    the same app on its other engine (``engine: padded``): sentence-transformers in torch behind the
                 batcher in batch mode, length-aware, under a padded-token budget (1024 on a CPU)
   app-fifo32    the padded app with its batcher set to count-32 FIFO (``FIFO32``): the same server, encoder and
@@ -74,7 +77,7 @@ from .serving import free_port, last_error, serve_env, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
-PEERS = ("app", "app-direct", "app-padded", "app-fifo32", "naive", "vllm")
+PEERS = ("app", "app-direct", "app-python-proxy", "app-padded", "app-fifo32", "naive", "vllm")
 EXTRA_PEERS = ("vllm-default", "app-padded-1t", "app-padded-direct", "naive-direct")  # vLLM with its own CPU
 # defaults (one of two cores kept for its scheduler); the padded app with one torch thread (cpu_threads: 1), the
 # HTTP path on the other core; the padded app and the naive server on their replicas' own ports
@@ -84,6 +87,7 @@ APP_VARIANTS: dict[str, dict[str, Any]] = {  # over the app's args
     "app-fifo32": {"engine": "padded", "batcher": {"mode": "batch", **FIFO32}},
     "app-padded-1t": {"engine": "padded", "cpu_threads": 1, "batcher": {"mode": "batch"}},
 }
+PYTHON_PROXY = {"app-python-proxy": {"RAY_SERVE_ENABLE_HA_PROXY": "0"}}  # over serve.env: Serve's Python proxy
 SCENARIOS = {"single": 1, "list16": 16}
 NAIVE_BATCH, NAIVE_WAIT_S = 32, 0.01  # @serve.batch(max_batch_size=32); 0.01 s is Serve's default wait
 MAX_ONGOING = 4096  # the app's default; both Ray peers get it, so Serve's router never holds requests back
@@ -184,7 +188,7 @@ def serve_peer(peer: str, port: int, over: dict[str, Any] | None = None) -> None
     from ray import serve
     from ray.serve.context import _get_global_client
 
-    from serve_app.direct import direct_urls
+    from serve_app.direct import replica_urls
 
     ray.init(address="local", num_cpus=max(4, cores()), include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -199,7 +203,7 @@ def serve_peer(peer: str, port: int, over: dict[str, Any] | None = None) -> None
         serve.run(naive_app(str(bundled_encoder_path()), cores()), name=name, route_prefix="/")
     else:
         raise ValueError(f"unknown Ray peer {peer!r}")
-    for url in direct_urls(_get_global_client().get_serve_details()).get(name, []):
+    for url in replica_urls(_get_global_client().get_serve_details()).get(name, []):
         print(DIRECT_MARKER, url, flush=True)  # its replica's own port (direct ingress), for a ``-direct`` peer
     print(READY_MARKER, flush=True)
     try:
@@ -236,6 +240,7 @@ def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None
         ]
     over: dict[str, Any] = {"batcher": dict(app_batcher or {})}
     peer = peer.removesuffix(DIRECT)  # the same app; ``running`` reads the replica's own port from its log
+    peer = "app" if peer in PYTHON_PROXY else peer  # the same app; ``peer_env`` turns HAProxy off
     if peer in APP_VARIANTS:
         variant = APP_VARIANTS[peer]
         peer, over = "app", {**variant, "batcher": {**over["batcher"], **variant["batcher"]}}
@@ -249,6 +254,7 @@ def peer_env(peer: str, ray_tmp: str) -> dict[str, str]:
         out["VLLM_CPU_KVCACHE_SPACE"] = "1"
     else:
         out.update(serve_env())  # the Ray peers run with make serve's Ray settings
+        out.update(PYTHON_PROXY.get(peer, {}))
     if peer == "vllm":
         out["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     return out

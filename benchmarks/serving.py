@@ -13,7 +13,8 @@ Peers, each started in turn as its own subprocess (one engine on the CPU at a ti
                  the engine (what keeps this CPU's time per output token near the objective) and
                  ``max_queue_wait_s``: a request expected to wait longer for admission is refused at once (503)
   app-small-steps the app with vLLM's steps at ``SMALL_STEP_TOKENS`` (``vllm.max_num_batched_tokens``)
-  app-no-direct  the app with Ray's direct ingress off (serve.env turns it on; the client uses the proxy either way)
+  app-python-proxy the app with Serve's Python proxy on the client's port, as before serve.env turned on HAProxy and
+                 direct ingress (both off: ``PYTHON_PROXY``)
   ray-serve-llm  Ray Serve LLM: ``build_openai_app`` over one ``LLMConfig`` on CPU
 
 The client (``vllm.benchmarks.serve``, run in a fresh subprocess per measurement so no state leaks) sends the
@@ -73,10 +74,10 @@ PEERS = (
     "app-all-cores",
     "app-slo",
     "app-small-steps",
-    "app-no-direct",
+    "app-python-proxy",
     "ray-serve-llm",
 )
-NO_DIRECT = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}  # app-no-direct: serve.env without direct ingress
+PYTHON_PROXY = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0", "RAY_SERVE_ENABLE_HA_PROXY": "0"}  # over serve.env
 SMALL_STEP_TOKENS = 512  # app-small-steps: vLLM's steps at this many tokens (max_num_batched_tokens; 2048 on a CPU)
 ALL_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # vLLM's CPU build then keeps no core for its scheduler
 APP_VLLM = {  # app peers that change only the app's `vllm` settings
@@ -218,7 +219,7 @@ def peer_command(
             str(MAX_MODEL_LEN),
             "--enforce-eager",
         ]
-    if peer in ("app", "app-no-direct"):  # the latter: the same app, its Ray without direct ingress (``running``)
+    if peer in ("app", "app-python-proxy"):  # the latter: the same app, Serve's Python proxy at its door (``running``)
         return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, fleet))]
     if peer in APP_VLLM:  # the app with some of its engine's settings changed
         over = {**(fleet or {}), "vllm": {**(fleet or {}).get("vllm", {}), **APP_VLLM[peer]}}
@@ -263,8 +264,8 @@ def running(
         peer_env.update(serve_env())
     if peer.startswith("app"):
         peer_env["RAY_ADDRESS"] = "local"
-    if peer == "app-no-direct":
-        peer_env.update(NO_DIRECT)
+    if peer == "app-python-proxy":
+        peer_env.update(PYTHON_PROXY)
     peer_env.update(extra_env or {})
     with log_path.open("w") as log:
         proc = spawn(

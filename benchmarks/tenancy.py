@@ -19,6 +19,8 @@ a time):
                        when it arrives, and on a CPU a step's time grows with its tokens
   app-no-step-cap      ``app`` without ``batcher.low_priority_step_tokens``: the job's prompts and running sequences
                        fill each step up to vLLM's own size while chats are about
+  app-python-proxy     ``app`` with Serve's Python proxy at the chats' door instead of serve.env's HAProxy (each chat
+                       and its stream cross the proxy, on the cores the engine computes on)
   vllm                 vLLM's OpenAI server with ``--scheduling-policy priority``; the job sends every prompt at once
                        to ``/v1/completions`` with ``priority: 1``, the online requests ``priority: 0``
 
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from .run import after, percentile, timeline
-from .serving import MODEL_NAME, ROOT, run_driver, running
+from .serving import MODEL_NAME, PYTHON_PROXY, ROOT, run_driver, running
 
 ONLINE_SHARE = 0.3
 ONLINE_TOKENS = 32
@@ -68,6 +70,7 @@ APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priori
         "fleet": {"vllm": {"max_num_batched_tokens": SMALL_STEP_TOKENS}},
     },
     "app-no-step-cap": {"priority": JOB_PRIORITY, "batcher": {"low_priority_step_tokens": None}},
+    "app-python-proxy": {"priority": JOB_PRIORITY, "env": PYTHON_PROXY},
 }
 PEERS = ("vllm", *APP_PEERS)  # vllm first: its job-alone tok/s sets the rate
 ONLINE_QUESTIONS = [
@@ -198,7 +201,15 @@ def start(peer: str, folder: Path, workdir: Path) -> Any:
     if peer == "vllm":
         return running("vllm", folder, workdir, 600, ["--scheduling-policy", "priority"])
     variant = APP_PEERS[peer]
-    return running("app", folder, workdir, 900, batcher=variant.get("batcher"), fleet=variant.get("fleet"))
+    return running(
+        "app",
+        folder,
+        workdir,
+        900,
+        batcher=variant.get("batcher"),
+        fleet=variant.get("fleet"),
+        extra_env=variant.get("env"),
+    )
 
 
 def measure_peer(peer: str, folder: Path, workdir: Path, path: Path, rate: float | None, online_s: float) -> dict:

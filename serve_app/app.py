@@ -11,6 +11,7 @@ from ray.serve import Application
 
 from .config import AppConfig, EmbeddingConfig
 from .serving.embeddings import EmbeddingServer
+from .serving.ingress_router import haproxy_enabled, with_ingress_router
 from .serving.llm import LLMServer
 from .serving.options import deployment_options
 
@@ -26,8 +27,14 @@ def _application(config: Any, server: Any) -> Application:
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
-    """The generation application from ``args`` (:class:`~serve_app.config.AppConfig`)."""
-    return _application(AppConfig.model_validate(args or {}), LLMServer)
+    """The generation application from ``args`` (:class:`~serve_app.config.AppConfig`). Under HAProxy (serve.env)
+    with the token router, HAProxy asks :class:`~serve_app.serving.ingress_router.IngressRouter` which replica
+    takes each request (Serve refuses a custom router HAProxy would bypass)."""
+    config = AppConfig.model_validate(args or {})
+    app = _application(config, LLMServer)
+    if haproxy_enabled() and config.routing.router == "tokens":
+        app = with_ingress_router(app)
+    return app
 
 
 def build_embeddings_app(args: dict[str, Any] | None = None) -> Application:

@@ -143,6 +143,27 @@ async def test_unknown_costs_are_priced_at_the_fallback_and_http_by_its_content_
         await router_with(FakeReplica("r0"), stale_after_s=0)
 
 
+async def test_haproxys_route_calls_are_priced_from_the_body_as_the_handle_call_of_the_same_shape():
+    """Under HAProxy the ingress router (serve_app/serving/ingress_router.py) asks the deployment's router to pick
+    for an HTTP body: ``/generate``'s prompts, chat messages and a completion's prompt cost what the handle calls
+    do; a body that says nothing (or is not JSON) costs the constant."""
+    from serve_app.serving.ingress_router import routed_call
+
+    router = await router_with(FakeReplica("r0"), default_max_tokens=100)
+
+    def priced(body: Any) -> float:
+        method, fields = routed_call(body)
+        return router.estimate_cost(request(method, **fields))
+
+    batch = {"prompts": ["y" * 40] * 48, "max_tokens": 1_024, "temperature": 0.0, "task_id": "t"}
+    assert priced(batch) == 48 * (10 + 1_024)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "u" * 80}], "max_completion_tokens": 20, "n": 2}
+    assert priced(chat) == 2 * (20 + 20)
+    assert priced({"model": "m", "prompt": "x" * 400, "stream": True}) == 100 + 100  # the default max_tokens
+    assert routed_call({"input": "an embedding"}) == ("__call__", {})
+    assert priced({"input": "x"}) == priced(None) == priced([1, 2]) == 128 + 100
+
+
 # -- Ranking by tokens held -------------------------------------------------------------------------------
 
 

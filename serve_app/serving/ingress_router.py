@@ -1,0 +1,87 @@
+"""The token router at the HTTP door under HAProxy (``RAY_SERVE_ENABLE_HA_PROXY=1``, as serve.env sets it).
+
+Why: with HAProxy, Serve's Python proxy is gone from the request path. HAProxy listens on port 8000 and forwards
+each request straight to a replica's own HTTP port (Ray's direct ingress), so a request costs about what it costs
+on vLLM's own server. HAProxy balances by its own rule (least connections), which knows nothing of tokens; for an
+application that has an *ingress request router* attached, HAProxy first POSTs the request's body to that router's
+``/internal/route`` and forwards the request to the replica it names (Ray 2.60; Ray Serve LLM's direct streaming
+does the same with its ``LLMRouter``). This deployment is that router for the generation app: it reads the
+body's cost fields (``prompts``, ``prompt`` or ``messages``, ``max_tokens``, ``n``) and asks the deployment's own
+request router (:class:`~serve_app.serving.routing.TokenLoadRouter`) to pick, as for a handle call of the same
+shape, without sending anything (the request itself goes through HAProxy).
+
+``/internal/route`` answers ``{"host", "port", "replica_id"}``; anything else (503 while no replica is up) makes
+HAProxy answer 503 itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from ray import serve
+from ray.serve.exceptions import DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle
+
+logger = logging.getLogger("serve_app")
+
+COST_FIELDS = ("prompts", "prompt", "messages", "max_tokens", "max_completion_tokens", "n")
+"""The body fields a request's cost is estimated from (:func:`serve_app.serving.request_cost.handle_cost`)."""
+
+router_api = FastAPI(title="token-batching ingress router", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+def routed_call(body: Any) -> tuple[str, dict[str, Any]]:
+    """The handle method an HTTP body is priced as, and the fields that price it: ``/generate``'s ``prompts`` as
+    ``generate_batch``, chat ``messages`` as ``chat``, a completion's ``prompt`` as ``generate``; anything else
+    (unparsable, another route) as ``__call__``, which the router prices at its constant."""
+    if not isinstance(body, dict):
+        return "__call__", {}
+    fields = {key: body[key] for key in COST_FIELDS if key in body}
+    for key, method in (("prompts", "generate_batch"), ("messages", "chat"), ("prompt", "generate")):
+        if key in fields:
+            return method, fields
+    return "__call__", {}
+
+
+@serve.deployment(name="TokenRoute", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+@serve.ingress(router_api)
+class IngressRouter:
+    """HAProxy's ``/internal/route`` for one application: the replica its request router ranks first."""
+
+    def __init__(self, server: DeploymentHandle) -> None:
+        self._server = server
+
+    @router_api.post("/internal/route")
+    async def route(self, request: Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.body() or b"null")
+        except ValueError:
+            body = None  # the replica answers the bad body itself; routing only needs a replica
+        method, fields = routed_call(body)
+        handle = self._server.options(method_name=method)
+        try:
+            async with handle.choose_replica(_reserve=False, **fields) as selection:
+                replica = selection._replica  # Ray's own LLMRouter reads the same private field
+        except DeploymentUnavailableError as exc:
+            raise HTTPException(status_code=503, detail=str(exc)) from exc
+        endpoint = replica.backend_http_endpoint
+        if endpoint is None:
+            raise HTTPException(status_code=503, detail=f"replica {selection.replica_id} has no HTTP port yet")
+        host, port = endpoint
+        return {"host": host, "port": port, "replica_id": replica.replica_id.to_full_id_str()}
+
+
+def haproxy_enabled() -> bool:
+    """Whether Serve runs HAProxy at the HTTP door in this process's environment (Ray reads the same flag)."""
+    from ray.serve._private.constants import RAY_SERVE_ENABLE_HA_PROXY
+
+    return RAY_SERVE_ENABLE_HA_PROXY
+
+
+def with_ingress_router(app: serve.Application) -> serve.Application:
+    """``app`` with :class:`IngressRouter` attached as HAProxy's router for it (Ray's internal hook, the one Ray
+    Serve LLM's direct streaming uses)."""
+    return app._with_ingress_request_router(IngressRouter.bind(app))
