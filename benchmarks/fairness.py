@@ -173,13 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="600 rows in the big job, the small one 10 s later")
     args = parser.parse_args(argv)
     big_rows, small_start_s = (600, 10.0) if args.quick else (BIG_ROWS, SMALL_START_S)
-    import ray
-    from ray import serve
-
     from .serving import free_port, serve_env
 
     began = time.monotonic()
-    os.environ.update(serve_env())  # every Ray process this starts inherits make serve's settings
+    os.environ.update(serve_env())  # every Ray process this starts inherits make serve's settings; before ray.serve
+    # is imported, which reads RAY_SERVE_ENABLE_HA_PROXY once (its build step checks the app's ingress router)
+    import ray
+    from ray import serve
+
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
     rows = []

@@ -108,13 +108,14 @@ def schedule(workload: dict[str, Any], seed: int) -> list[dict[str, Any]]:
 
 def start_cluster() -> tuple[Any, str]:
     """A local Ray cluster of ``REPLICAS`` nodes (one logical CPU each) with Serve on it; the HTTP base URL."""
+    from .serving import serve_env
+
+    os.environ.update(serve_env())  # every Ray process this starts inherits make serve's settings; before ray.serve
+    # is imported, which reads RAY_SERVE_ENABLE_HA_PROXY once (its build step checks the app's ingress router)
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster
 
-    from .serving import serve_env
-
-    os.environ.update(serve_env())  # every Ray process this starts inherits make serve's settings
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     for _ in range(REPLICAS - 1):
         cluster.add_node(num_cpus=1)
@@ -130,7 +131,7 @@ def replica_actors(app: str) -> dict[str, Any]:
     """The app's replica actors by replica id (read directly: no router in between)."""
     import ray
 
-    prefix = f"SERVE_REPLICA::{app}#"
+    prefix = f"SERVE_REPLICA::{app}#LLMServer#"  # not the app's ingress router (HAProxy's TokenRoute)
     named = ray.util.list_named_actors(all_namespaces=True)
     return {
         a["name"].rsplit("#", 1)[-1]: ray.get_actor(a["name"], namespace=a["namespace"])
@@ -319,10 +320,10 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 async def measure(plan: list[tuple[str, int]], seed: int = 7) -> dict[str, Any]:
     """Each ``(workload, rounds)`` of ``plan`` through both routers on one cluster, alternating which goes first."""
+    cluster, base_url = start_cluster()  # first: it sets serve.env's settings before ray.serve is imported
     import ray
     from ray import serve
 
-    cluster, base_url = start_cluster()
     scenarios: dict[str, Any] = {}
     try:
         for mode, rounds in plan:

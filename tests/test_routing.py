@@ -164,6 +164,18 @@ async def test_haproxys_route_calls_are_priced_from_the_body_as_the_handle_call_
     assert priced({"input": "x"}) == priced(None) == priced([1, 2]) == 128 + 100
 
 
+def test_haproxy_set_after_ray_serve_was_imported_fails_the_build_instead_of_bypassing_the_router(monkeypatch):
+    from ray.serve._private.constants import RAY_SERVE_ENABLE_HA_PROXY
+
+    from serve_app.serving.ingress_router import haproxy_enabled
+
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1" if RAY_SERVE_ENABLE_HA_PROXY else "0")
+    assert haproxy_enabled() is RAY_SERVE_ENABLE_HA_PROXY  # as Serve read it at import: agreed
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "0" if RAY_SERVE_ENABLE_HA_PROXY else "1")
+    with pytest.raises(RuntimeError, match="before importing Ray"):
+        haproxy_enabled()
+
+
 # -- Ranking by tokens held -------------------------------------------------------------------------------
 
 
@@ -378,3 +390,93 @@ def test_token_router_balances_tokens_held_across_nodes_better_than_serves_route
     tokens, serve = result["tokens"], result["serve"]
     assert tokens["spread_mean"] < serve["spread_mean"], (tokens["spread_mean"], serve["spread_mean"])
     assert tokens["spread_p90"] < serve["spread_p90"], (tokens["spread_p90"], serve["spread_p90"])
+
+
+# -- The HTTP door under HAProxy ----------------------------------------------------------------------------
+
+
+def http_door_check() -> None:
+    """Run in a subprocess (its own local Ray cluster, serve.env's settings, so HAProxy holds the HTTP port): two
+    replicas of the SIMULATED engine; a ``generate_batch`` handle call of 48 long prompts (a Ray Data job's shape,
+    invisible to HAProxy: no HTTP connection) loads one, then 8 streamed chats arrive over HTTP at once. Prints
+    the prompts each replica holds while the chats stream, for each router setting."""
+    import json
+    import os
+
+    import httpx
+    import ray
+    from ray import serve
+
+    from benchmarks.routing import replica_actors
+    from serve_app.app import build_app
+
+    from .conftest import free_port
+
+    assert os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", "set serve.env's settings before importing Ray"
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 400, "stream": True}
+
+    async def prompts_held(app: str) -> dict[str, float]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/{app}", timeout=60) as client:
+            streams = [client.stream("POST", "/v1/chat/completions", json=chat) for _ in range(8)]
+            responses = [await stream.__aenter__() for stream in streams]
+            lines = [response.aiter_lines() for response in responses]  # held: a dropped one closes its stream
+            for response, chunks in zip(responses, lines):
+                assert response.status_code == 200, await response.aread()
+                await chunks.__anext__()  # each chat streams: it sits in a replica's batcher
+            reports = {name: await a.record_routing_stats.remote() for name, a in replica_actors(app).items()}
+            for stream in streams:
+                await stream.__aexit__(None, None, None)
+        return {name: report["prompts"] for name, report in reports.items()}
+
+    def wait_until_routed_away(app: str, body: dict) -> None:
+        """Until HAProxy's router for ``app`` (its ``/internal/route``) has the job in its replicas' reports: three
+        picks in a row of the replica the job is not on (on a tie, each pick counts at the replica picked, so the
+        picks alternate)."""
+        from serve_app.direct import replica_groups
+
+        group = next(g for g in replica_groups() if g["app_name"] == app and g["protocol"] == "HTTP")
+        url = f"http://127.0.0.1:{group['ingress_request_router_targets'][0]['port']}/internal/route"
+        deadline, in_a_row = time.monotonic() + 60, 0
+        while in_a_row < 3:
+            assert time.monotonic() < deadline, "the job never showed in the routers' reports"
+            loaded = {n for n, a in replica_actors(app).items() if ray.get(a.record_routing_stats.remote())["prompts"]}
+            picked = httpx.post(url, json=body, timeout=10).json()["replica_id"]
+            in_a_row = in_a_row + 1 if loaded and not any(picked.endswith(name) for name in loaded) else 0
+
+    result = {}
+    for router in ("tokens", "serve"):
+        args = {
+            "engine": "simulated",
+            "simulated": {"step_s": 0.02},  # a 400-token chat streams for about 8 s, the job's answers 20 s
+            "autoscaling": {"min_replicas": 2, "max_replicas": 2},
+            "routing": {"router": router},
+        }
+        handle = serve.run(build_app(args), name=router, route_prefix=f"/{router}")
+        while len(replica_actors(router)) < 2:
+            time.sleep(0.5)
+        time.sleep(3.0)  # both replicas report (every second) before the load
+        job = handle.generate_batch.remote(["a long job prompt " * 8] * 48, max_tokens=1_024)
+        if router == "tokens":
+            wait_until_routed_away(router, chat)  # the routers have the replicas' reports of the job
+        result[router] = asyncio.run(prompts_held(router))
+        job.cancel()
+        serve.delete(router)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+@pytest.mark.serve
+def test_chats_over_http_avoid_the_replica_a_handle_job_loads_under_haproxy():
+    """HAProxy (serve.env) sends each chat straight to a replica; the token router, asked through the app's ingress
+    router, sends all 8 to the replica the 48-prompt handle job does not hold (48 prompts on one, 8 on the other).
+    HAProxy's own least connections (``router: serve``) sees no connection from the job and puts chats on both."""
+    script = (  # serve.env before anything imports ray.serve, which reads RAY_SERVE_ENABLE_HA_PROXY once
+        "import os; from benchmarks.serving import serve_env; os.environ.update(serve_env()); "
+        "from tests.test_routing import http_door_check; http_door_check()"
+    )
+    result = result_of_private_cluster(["-c", script], 300)
+    tokens, serve = sorted(result["tokens"].values()), sorted(result["serve"].values())
+    assert tokens == [8, 48], result  # the job's 48 prompts on one replica, every chat on the other
+    assert serve[1] > 48 and sum(serve) == 56, result  # least connections: chats beside the job too

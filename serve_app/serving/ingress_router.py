@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
@@ -75,10 +76,20 @@ class IngressRouter:
 
 
 def haproxy_enabled() -> bool:
-    """Whether Serve runs HAProxy at the HTTP door in this process's environment (Ray reads the same flag)."""
-    from ray.serve._private.constants import RAY_SERVE_ENABLE_HA_PROXY
+    """Whether Serve runs HAProxy at the HTTP door (``RAY_SERVE_ENABLE_HA_PROXY=1``). Serve reads the flag once,
+    when ``ray.serve`` is imported; a script that sets it later would start HAProxy (the controller reads the
+    environment) while its own build step thinks there is none, and HAProxy would silently bypass the token router:
+    that mismatch raises instead."""
+    from ray.serve._private.constants import RAY_SERVE_ENABLE_HA_PROXY as imported
 
-    return RAY_SERVE_ENABLE_HA_PROXY
+    now = os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "0") == "1"
+    if now != imported:
+        raise RuntimeError(
+            f"RAY_SERVE_ENABLE_HA_PROXY is {'1' if now else 'off'} now but was {'1' if imported else 'off'} when "
+            "ray.serve was imported in this process (Serve reads it once, at import): set serve.env's settings "
+            "before importing Ray"
+        )
+    return now
 
 
 def with_ingress_router(app: serve.Application) -> serve.Application:
