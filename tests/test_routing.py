@@ -25,7 +25,7 @@ from ray.serve._private.common import (
 )
 from ray.serve.request_router import PendingRequest
 
-from serve_app.serving.request_cost import handle_cost, text_tokens
+from serve_app.serving.request_cost import body_call, handle_cost, text_tokens
 from serve_app.serving.routing import TokenLoadRouter
 
 from .conftest import result_of_private_cluster
@@ -147,12 +147,10 @@ async def test_haproxys_route_calls_are_priced_from_the_body_as_the_handle_call_
     """Under HAProxy the ingress router (serve_app/serving/ingress_router.py) asks the deployment's router to pick
     for an HTTP body: ``/generate``'s prompts, chat messages and a completion's prompt cost what the handle calls
     do; a body that says nothing (or is not JSON) costs the constant."""
-    from serve_app.serving.ingress_router import routed_call
-
     router = await router_with(FakeReplica("r0"), default_max_tokens=100)
 
     def priced(body: Any) -> float:
-        method, fields = routed_call(body)
+        method, fields = body_call(body)
         return router.estimate_cost(request(method, **fields))
 
     batch = {"prompts": ["y" * 40] * 48, "max_tokens": 1_024, "temperature": 0.0, "task_id": "t"}
@@ -160,7 +158,7 @@ async def test_haproxys_route_calls_are_priced_from_the_body_as_the_handle_call_
     chat = {"model": "m", "messages": [{"role": "user", "content": "u" * 80}], "max_completion_tokens": 20, "n": 2}
     assert priced(chat) == 2 * (20 + 20)
     assert priced({"model": "m", "prompt": "x" * 400, "stream": True}) == 100 + 100  # the default max_tokens
-    assert routed_call({"input": "an embedding"}) == ("__call__", {})
+    assert body_call({"input": "an embedding"}) == ("__call__", {})
     assert priced({"input": "x"}) == priced(None) == priced([1, 2]) == 128 + 100
 
 

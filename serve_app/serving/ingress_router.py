@@ -6,7 +6,7 @@ on vLLM's own server. HAProxy balances by its own rule (least connections), whic
 application that has an *ingress request router* attached, HAProxy first POSTs the request's body to that router's
 ``/internal/route`` and forwards the request to the replica it names (Ray 2.60; Ray Serve LLM's direct streaming
 does the same with its ``LLMRouter``). This deployment is that router for the generation app: it reads the
-body's cost fields (``prompts``, ``prompt`` or ``messages``, ``max_tokens``, ``n``) and asks the deployment's own
+body's cost fields (:func:`~serve_app.serving.request_cost.body_call`) and asks the deployment's own
 request router (:class:`~serve_app.serving.routing.TokenLoadRouter`) to pick, as for a handle call of the same
 shape, without sending anything (the request itself goes through HAProxy).
 
@@ -17,7 +17,6 @@ HAProxy answer 503 itself.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
@@ -26,25 +25,9 @@ from ray import serve
 from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-logger = logging.getLogger("serve_app")
-
-COST_FIELDS = ("prompts", "prompt", "messages", "max_tokens", "max_completion_tokens", "n")
-"""The body fields a request's cost is estimated from (:func:`serve_app.serving.request_cost.handle_cost`)."""
+from .request_cost import body_call
 
 router_api = FastAPI(title="token-batching ingress router", docs_url=None, redoc_url=None, openapi_url=None)
-
-
-def routed_call(body: Any) -> tuple[str, dict[str, Any]]:
-    """The handle method an HTTP body is priced as, and the fields that price it: ``/generate``'s ``prompts`` as
-    ``generate_batch``, chat ``messages`` as ``chat``, a completion's ``prompt`` as ``generate``; anything else
-    (unparsable, another route) as ``__call__``, which the router prices at its constant."""
-    if not isinstance(body, dict):
-        return "__call__", {}
-    fields = {key: body[key] for key in COST_FIELDS if key in body}
-    for key, method in (("prompts", "generate_batch"), ("messages", "chat"), ("prompt", "generate")):
-        if key in fields:
-            return method, fields
-    return "__call__", {}
 
 
 @serve.deployment(name="TokenRoute", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
@@ -61,7 +44,7 @@ class IngressRouter:
             body = json.loads(await request.body() or b"null")
         except ValueError:
             body = None  # the replica answers the bad body itself; routing only needs a replica
-        method, fields = routed_call(body)
+        method, fields = body_call(body)
         handle = self._server.options(method_name=method)
         try:
             async with handle.choose_replica(_reserve=False, **fields) as selection:

@@ -1,6 +1,7 @@
 """What a request will cost a replica, estimated before it arrives there (the router never tokenizes): prompt
 tokens + ``max_tokens`` per prompt, in the batcher's unit. Handle calls from their arguments; HTTP requests from
-Serve's proxy from their ``Content-Length`` (the body is not read yet)."""
+Serve's proxy from their ``Content-Length`` (the body is not read yet); HTTP bodies that HAProxy hands the ingress
+router as the handle call of the same shape (:func:`body_call`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ GENERATING = {"generate", "generate_stream", "generate_batch", "chat", "chat_str
 
 FREE = {"stats", "model_card", "model_cards", "check_health"}
 """Handle methods that generate nothing: they cost no tokens."""
+
+COST_FIELDS = ("prompts", "prompt", "messages", "max_tokens", "max_completion_tokens", "n")
+"""The arguments :func:`handle_cost` reads (by keyword)."""
 
 
 def text_tokens(value: Any) -> float | None:
@@ -86,3 +90,16 @@ def http_cost(scope: dict[str, Any], default_max_tokens: int) -> float | None:
             except ValueError:
                 return None
     return None
+
+
+def body_call(body: Any) -> tuple[str, dict[str, Any]]:
+    """The handle call an HTTP body is priced as, and the keyword arguments that price it (:func:`handle_cost`):
+    ``/generate``'s ``prompts`` as ``generate_batch``, chat ``messages`` as ``chat``, a completion's ``prompt`` as
+    ``generate``; anything else (unparsable, another route) as ``__call__``, which is priced at a constant."""
+    if not isinstance(body, dict):
+        return "__call__", {}
+    fields = {key: body[key] for key in COST_FIELDS if key in body}
+    for key, method in (("prompts", "generate_batch"), ("messages", "chat"), ("prompt", "generate")):
+        if key in fields:
+            return method, fields
+    return "__call__", {}
