@@ -73,7 +73,7 @@ from serve_app.engines.encoder import bundled_encoder_path
 from .padding import make_texts
 from .procs import own_leftovers, spawn, stop
 from .run import percentile
-from .serving import free_port, last_error, serve_env, tail
+from .serving import NO_HAPROXY, free_port, last_error, serve_env, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
@@ -87,7 +87,7 @@ APP_VARIANTS: dict[str, dict[str, Any]] = {  # over the app's args
     "app-fifo32": {"engine": "padded", "batcher": {"mode": "batch", **FIFO32}},
     "app-padded-1t": {"engine": "padded", "cpu_threads": 1, "batcher": {"mode": "batch"}},
 }
-PYTHON_PROXY = {"app-python-proxy": {"RAY_SERVE_ENABLE_HA_PROXY": "0"}}  # over serve.env: Serve's Python proxy
+PYTHON_PROXY = {"app-python-proxy": NO_HAPROXY}  # over serve.env: Serve's Python proxy on the client's port
 SCENARIOS = {"single": 1, "list16": 16}
 NAIVE_BATCH, NAIVE_WAIT_S = 32, 0.01  # @serve.batch(max_batch_size=32); 0.01 s is Serve's default wait
 MAX_ONGOING = 4096  # the app's default; both Ray peers get it, so Serve's router never holds requests back

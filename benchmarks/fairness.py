@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
 import threading
 import time
@@ -173,11 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="600 rows in the big job, the small one 10 s later")
     args = parser.parse_args(argv)
     big_rows, small_start_s = (600, 10.0) if args.quick else (BIG_ROWS, SMALL_START_S)
-    from .serving import free_port, serve_env
+    from .serving import free_port, use_serve_env
 
     began = time.monotonic()
-    os.environ.update(serve_env())  # every Ray process this starts inherits make serve's settings; before ray.serve
-    # is imported, which reads RAY_SERVE_ENABLE_HA_PROXY once (its build step checks the app's ingress router)
+    use_serve_env()  # make serve's settings, before ray.serve is imported
     import ray
     from ray import serve
 

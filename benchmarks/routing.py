@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import socket
 import statistics
@@ -108,10 +107,9 @@ def schedule(workload: dict[str, Any], seed: int) -> list[dict[str, Any]]:
 
 def start_cluster() -> tuple[Any, str]:
     """A local Ray cluster of ``REPLICAS`` nodes (one logical CPU each) with Serve on it; the HTTP base URL."""
-    from .serving import serve_env
+    from .serving import use_serve_env
 
-    os.environ.update(serve_env())  # every Ray process this starts inherits make serve's settings; before ray.serve
-    # is imported, which reads RAY_SERVE_ENABLE_HA_PROXY once (its build step checks the app's ingress router)
+    use_serve_env()  # make serve's settings, before ray.serve is imported
     import ray
     from ray import serve
     from ray.cluster_utils import Cluster

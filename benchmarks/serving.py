@@ -77,7 +77,8 @@ PEERS = (
     "app-python-proxy",
     "ray-serve-llm",
 )
-PYTHON_PROXY = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0", "RAY_SERVE_ENABLE_HA_PROXY": "0"}  # over serve.env
+NO_HAPROXY = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}  # over serve.env: Serve's Python proxy on the HTTP port
+PYTHON_PROXY = {**NO_HAPROXY, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}  # and no direct ingress: as before both
 SMALL_STEP_TOKENS = 512  # app-small-steps: vLLM's steps at this many tokens (max_num_batched_tokens; 2048 on a CPU)
 ALL_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # vLLM's CPU build then keeps no core for its scheduler
 APP_VLLM = {  # app peers that change only the app's `vllm` settings
@@ -129,6 +130,13 @@ def serve_env() -> dict[str, str]:
     """The Ray Serve settings ``make serve`` runs with (``serve.env``): every Ray-based peer gets them."""
     lines = (line.strip() for line in (ROOT / "serve.env").read_text().splitlines())
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def use_serve_env() -> None:
+    """Put :func:`serve_env` in this process's environment, for every Ray process it starts to inherit. Call it
+    before anything imports ``ray.serve``, which reads ``RAY_SERVE_ENABLE_HA_PROXY`` once, at import (the app's
+    build then checks for HAProxy)."""
+    os.environ.update(serve_env())
 
 
 def free_port() -> int:

@@ -429,6 +429,9 @@ def http_door_check() -> None:
                 await stream.__aexit__(None, None, None)
         return {name: report["prompts"] for name, report in reports.items()}
 
+    def loaded_replicas(app: str) -> set[str]:
+        return {n for n, a in replica_actors(app).items() if ray.get(a.record_routing_stats.remote())["prompts"]}
+
     def wait_until_routed_away(app: str, body: dict) -> None:
         """Until HAProxy's router for ``app`` (its ``/internal/route``) has the job in its replicas' reports: three
         picks in a row of the replica the job is not on (on a tie, each pick counts at the replica picked, so the
@@ -440,7 +443,7 @@ def http_door_check() -> None:
         deadline, in_a_row = time.monotonic() + 60, 0
         while in_a_row < 3:
             assert time.monotonic() < deadline, "the job never showed in the routers' reports"
-            loaded = {n for n, a in replica_actors(app).items() if ray.get(a.record_routing_stats.remote())["prompts"]}
+            loaded = loaded_replicas(app)
             picked = httpx.post(url, json=body, timeout=10).json()["replica_id"]
             in_a_row = in_a_row + 1 if loaded and not any(picked.endswith(name) for name in loaded) else 0
 
@@ -455,8 +458,12 @@ def http_door_check() -> None:
         handle = serve.run(build_app(args), name=router, route_prefix=f"/{router}")
         while len(replica_actors(router)) < 2:
             time.sleep(0.5)
-        time.sleep(3.0)  # both replicas report (every second) before the load
+        # Serve's controller relays each replica's report to the routers every second; nothing public shows when a
+        # router has its first, and until then the token router falls back to power of two choices
+        time.sleep(3.0)
         job = handle.generate_batch.remote(["a long job prompt " * 8] * 48, max_tokens=1_024)
+        while not loaded_replicas(router):  # the job sits in one replica's batcher before the chats come
+            time.sleep(0.2)
         if router == "tokens":
             wait_until_routed_away(router, chat)  # the routers have the replicas' reports of the job
         result[router] = asyncio.run(prompts_held(router))
@@ -470,8 +477,8 @@ def test_chats_over_http_avoid_the_replica_a_handle_job_loads_under_haproxy():
     """HAProxy (serve.env) sends each chat straight to a replica; the token router, asked through the app's ingress
     router, sends all 8 to the replica the 48-prompt handle job does not hold (48 prompts on one, 8 on the other).
     HAProxy's own least connections (``router: serve``) sees no connection from the job and puts chats on both."""
-    script = (  # serve.env before anything imports ray.serve, which reads RAY_SERVE_ENABLE_HA_PROXY once
-        "import os; from benchmarks.serving import serve_env; os.environ.update(serve_env()); "
+    script = (  # serve.env before anything imports ray.serve
+        "from benchmarks.serving import use_serve_env; use_serve_env(); "
         "from tests.test_routing import http_door_check; http_door_check()"
     )
     result = result_of_private_cluster(["-c", script], 300)
