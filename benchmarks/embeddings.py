@@ -19,17 +19,24 @@ turn (started, measured, stopped; the next one starts after it has gone):
                 HTTP path, only the batching differs (a batch is cut only when the encoder is free)
   naive         the same model served the way Ray Serve's docs show: a deployment whose ``@serve.batch(
                 max_batch_size=32, batch_wait_timeout_s=0.01)`` method runs sentence-transformers' ``encode``
-                (FIFO batches of up to 32, each padded to its longest text). The encode runs in a worker thread
-                so the event loop stays free, as a careful user writes it; a list input sends each of its texts
-                to the batched method. ``@serve.batch`` cuts a batch whenever its wait times out, also while the
-                model is busy, so under steady load it queues many small batches
+                (FIFO batches of up to 32, each padded to its longest text), in float32 as sentence-transformers
+                loads it. The encode runs in a worker thread so the event loop stays free, as a careful user
+                writes it; a list input sends each of its texts to the batched method. ``@serve.batch`` cuts a
+                batch whenever its wait times out, also while the model is busy, so under steady load it queues
+                many small batches
+  naive-app-dtype  the naive server in the dtype the app computes in here (its engines' ``auto``: bfloat16 on a
+                CPU with AMX, float32 on others): the app's batching against naive's, precision aside
   vllm          vLLM's own OpenAI server in pooling mode (``--runner pooling``; the pooling, mean + normalize,
-                comes from the folder's sentence-transformers files): it packs a batch's tokens without
-                padding, so it is the hard peer for a padded encoder. Every core for its engine
+                comes from the folder's sentence-transformers files) as its users start it, its dtype ``auto``
+                (vLLM computes a float32 pooling model in float16): it packs a batch's tokens without padding,
+                so it is the hard peer for a padded encoder. Every core for its engine
                 (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``)
+  vllm-app-dtype  the same server with ``--dtype`` the app's: the same engine, kernels and precision on both
+                sides, so what differs is the serving around them
   vllm-default  (not run unless named) the same with vLLM's CPU defaults: one of two cores kept for its scheduler
   app-padded-1t (not run unless named) app-padded with one torch thread (``cpu_threads: 1``), the other core
                 left to the HTTP path (proxy, replica, clients)
+  app-float32, app-padded-float32  (not run unless named) app and app-padded in float32 whatever the CPU
 
 The Ray peers run in their own local Ray cluster in a subprocess, one replica, every core for torch's threads
 (Ray gives a replica ``OMP_NUM_THREADS`` = its logical CPUs: the encoder engine and the naive replica both
@@ -58,6 +65,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -77,15 +85,35 @@ from .serving import NO_HAPROXY, free_port, last_error, serve_env, tail
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
-PEERS = ("app", "app-direct", "app-python-proxy", "app-padded", "app-fifo32", "naive", "vllm")
-EXTRA_PEERS = ("vllm-default", "app-padded-1t", "app-padded-direct", "naive-direct")  # vLLM with its own CPU
-# defaults (one of two cores kept for its scheduler); the padded app with one torch thread (cpu_threads: 1), the
-# HTTP path on the other core; the padded app and the naive server on their replicas' own ports
+PEERS = (
+    "app",
+    "app-direct",
+    "app-python-proxy",
+    "app-padded",
+    "app-fifo32",
+    "naive",
+    "naive-app-dtype",
+    "vllm",
+    "vllm-app-dtype",
+)
+EXTRA_PEERS = (  # vLLM with its own CPU defaults (one of two cores kept for its scheduler); the padded app with
+    # one torch thread (cpu_threads: 1), the HTTP path on the other core; the padded app and the naive server on
+    # their replicas' own ports; both engines in float32 whatever the CPU
+    "vllm-default",
+    "app-padded-1t",
+    "app-padded-direct",
+    "naive-direct",
+    "app-float32",
+    "app-padded-float32",
+)
+APP_DTYPE = "-app-dtype"  # a peer name's suffix: the naive server or vLLM's in the dtype the app computes in here
 FIFO32 = {"order": "fifo", "max_batch_size": 32, "target_batch_tokens": 10**9}
 APP_VARIANTS: dict[str, dict[str, Any]] = {  # over the app's args
     "app-padded": {"engine": "padded", "batcher": {"mode": "batch"}},
     "app-fifo32": {"engine": "padded", "batcher": {"mode": "batch", **FIFO32}},
     "app-padded-1t": {"engine": "padded", "cpu_threads": 1, "batcher": {"mode": "batch"}},
+    "app-float32": {"vllm": {"dtype": "float32"}, "batcher": {}},
+    "app-padded-float32": {"engine": "padded", "dtype": "float32", "batcher": {"mode": "batch"}},
 }
 PYTHON_PROXY = {"app-python-proxy": NO_HAPROXY}  # over serve.env: Serve's Python proxy on the client's port
 SCENARIOS = {"single": 1, "list16": 16}
@@ -112,6 +140,16 @@ def env() -> dict[str, str]:
     return out
 
 
+def app_dtype() -> str:
+    """What the app's default engine computes in on this machine: serve_config.yaml's ``vllm.dtype``, its
+    ``auto`` resolved as the engine resolves it on a CPU."""
+    from serve_app.config import EmbeddingConfig
+    from serve_app.engines.embedding import cpu_embedding_dtype
+
+    dtype = EmbeddingConfig.model_validate(app_args()).vllm.dtype
+    return cpu_embedding_dtype() if dtype == "auto" else dtype
+
+
 def app_args(over: dict[str, Any] | None = None) -> dict[str, Any]:
     """The app's ``args``: serve_config.yaml's embedding app (its defaults if it has none) on the CPU, one
     replica, with ``over`` (``engine``, ``batcher`` knobs) over them; a batcher of another mode replaces the
@@ -135,8 +173,9 @@ def app_args(over: dict[str, Any] | None = None) -> dict[str, Any]:
 # --- the Ray peers (run inside the peer's subprocess) ------------------------------------------------------
 
 
-def naive_app(folder: str, threads: int) -> Any:
-    """What Ray Serve's docs lead to: ``@serve.batch`` around sentence-transformers' ``encode``."""
+def naive_app(folder: str, threads: int, dtype: str = "float32") -> Any:
+    """What Ray Serve's docs lead to: ``@serve.batch`` around sentence-transformers' ``encode`` (``dtype``: what
+    the model is cast to; sentence-transformers loads float32)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
     from ray import serve
@@ -152,6 +191,7 @@ def naive_app(folder: str, threads: int) -> Any:
 
             torch.set_num_threads(threads)  # Ray set OMP_NUM_THREADS=1 for one logical CPU: use every core
             self.model = SentenceTransformer(folder, device="cpu", local_files_only=True).eval()
+            self.model.to(getattr(torch, dtype))
             self.counts = {"batches": 0, "inputs": 0, "tokens": 0, "padded_tokens": 0}
 
         def _encode(self, texts: list[str]) -> list[list[float]]:
@@ -177,7 +217,7 @@ def naive_app(folder: str, threads: int) -> Any:
 
         @api.get("/stats")
         async def stats(self) -> dict[str, Any]:
-            return {"engine_stats": dict(self.counts)}
+            return {"engine_stats": dict(self.counts), "dtype": dtype}
 
     return NaiveEmbeddings.bind()
 
@@ -200,7 +240,8 @@ def serve_peer(peer: str, port: int, over: dict[str, Any] | None = None) -> None
         # route_prefix /v1/embeddings; the path to /v1/embeddings is the same code either way).
         serve.run(build_app(app_args(over)), name=name, route_prefix="/")
     elif peer == "naive":
-        serve.run(naive_app(str(bundled_encoder_path()), cores()), name=name, route_prefix="/")
+        dtype = (over or {}).get("dtype", "float32")
+        serve.run(naive_app(str(bundled_encoder_path()), cores(), dtype), name=name, route_prefix="/")
     else:
         raise ValueError(f"unknown Ray peer {peer!r}")
     for url in replica_urls(_get_global_client().get_serve_details()).get(name, []):
@@ -233,14 +274,16 @@ def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None
             str(port),
             "--runner",
             "pooling",
-            "--dtype",
-            "float32",
             "--enforce-eager",
             "--disable-log-stats",
+            *(["--dtype", app_dtype()] if peer.endswith(APP_DTYPE) else []),  # else vLLM's own: auto
         ]
     over: dict[str, Any] = {"batcher": dict(app_batcher or {})}
     peer = peer.removesuffix(DIRECT)  # the same app; ``running`` reads the replica's own port from its log
     peer = "app" if peer in PYTHON_PROXY else peer  # the same app; ``peer_env`` turns HAProxy off
+    if peer.endswith(APP_DTYPE):  # naive-app-dtype
+        naive = [sys.executable, "-m", "benchmarks.embeddings", "--serve", "naive", "--port", str(port)]
+        return [*naive, "--app-args", json.dumps({"dtype": app_dtype()})]
     if peer in APP_VARIANTS:
         variant = APP_VARIANTS[peer]
         peer, over = "app", {**variant, "batcher": {**over["batcher"], **variant["batcher"]}}
@@ -255,7 +298,7 @@ def peer_env(peer: str, ray_tmp: str) -> dict[str, str]:
     else:
         out.update(serve_env())  # the Ray peers run with make serve's Ray settings
         out.update(PYTHON_PROXY.get(peer, {}))
-    if peer == "vllm":
+    if peer in ("vllm", f"vllm{APP_DTYPE}"):
         out["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     return out
 
@@ -446,6 +489,14 @@ def min_cosine(got: dict[int, list[float]], want: dict[int, list[float]]) -> flo
     return worst if got else math.nan
 
 
+def served_dtype(peer: str, url: str, log: str) -> str:
+    """What a running peer computes in: vLLM's server names it in its log, the Ray peers in ``/stats``."""
+    if peer.startswith("vllm"):
+        found = re.search(r"dtype=torch\.(\w+)", log)
+        return found.group(1) if found else "?"
+    return str((get_json(f"{url}/stats") or {}).get("dtype", "?"))
+
+
 def engine_counts(url: str) -> dict[str, float] | None:
     stats = get_json(f"{url}/stats")
     return (stats or {}).get("engine_stats")
@@ -523,7 +574,8 @@ def measure_peer(
     print(f"[embeddings] starting {peer}", file=sys.stderr, flush=True)
     try:
         with running(peer, workdir, 600, app_batcher) as (url, startup_s, marker):
-            print(f"[embeddings] {peer} ready in {startup_s:.0f} s", file=sys.stderr, flush=True)
+            dtype = served_dtype(peer, url, tail(workdir / f"{peer}.log", 200_000))
+            print(f"[embeddings] {peer} ready in {startup_s:.0f} s, in {dtype}", file=sys.stderr, flush=True)
             warm = make_texts(64, seed=1)
             for per_request in sorted({SCENARIOS[s] for s in scenarios}):
                 asyncio.run(load(url, warm, per_request, min(clients, 16), set(), timeout_s))
@@ -538,7 +590,7 @@ def measure_peer(
                             break
                         time.sleep(RETRY_PAUSE_S)
                     row = min(attempts, key=lambda r: r["other_cpu"])
-                    row.update(repeat=repeat, startup_s=startup_s, attempts=len(attempts))
+                    row.update(repeat=repeat, startup_s=startup_s, attempts=len(attempts), dtype=dtype)
                     rows.append(row)
     except RuntimeError as exc:
         print(f"[embeddings] {peer} did not deploy: {exc}", file=sys.stderr, flush=True)
@@ -560,9 +612,13 @@ NUMERIC = (
 )
 
 
+BASES = ("naive", f"naive{APP_DTYPE}", "vllm", f"vllm{APP_DTYPE}")
+"""The peers every row is measured against (``x_naive``, ``p50_x_vllm_app_dtype``, ...)."""
+
+
 def summarize(runs: list[dict[str, Any]], peers: list[str], scenarios: list[str]) -> list[dict[str, Any]]:
-    """Medians per (scenario, peer) over its runs; the worst cosine; the ratios to naive's and to vLLM's server's
-    texts/s and p50."""
+    """Medians per (scenario, peer) over its runs; the worst cosine; the ratios to :data:`BASES`' texts/s and
+    p50."""
     rows = []
     for scenario in scenarios:
         for peer in peers:
@@ -577,15 +633,17 @@ def summarize(runs: list[dict[str, Any]], peers: list[str], scenarios: list[str]
             row["attempts"] = sum(r.get("attempts", 1) for r in good)
             bad = sorted({r["status"] for r in mine if r["status"] != "ok"})
             row["status"] = "; ".join(bad) if bad else "ok"
+            row["dtype"] = next((r["dtype"] for r in good), "?")
             rows.append(row)
-        for peer in ("naive", "vllm"):
+        for peer in BASES:
             base = next((r for r in rows if r["scenario"] == scenario and r["peer"] == peer), None)
+            key = peer.replace("-", "_")
             for row in rows:
                 if row["scenario"] != scenario:
                     continue
                 ok = base is not None and base["texts_per_s"] > 0
-                row[f"x_{peer}"] = row["texts_per_s"] / base["texts_per_s"] if ok else math.nan
-                row[f"p50_x_{peer}"] = row["p50_ms"] / base["p50_ms"] if ok and base["p50_ms"] else math.nan
+                row[f"x_{key}"] = row["texts_per_s"] / base["texts_per_s"] if ok else math.nan
+                row[f"p50_x_{key}"] = row["p50_ms"] / base["p50_ms"] if ok and base["p50_ms"] else math.nan
     return rows
 
 
@@ -624,7 +682,7 @@ def measure(
     return {
         "config": {
             "model": MODEL_NAME,
-            "dtype": "float32",
+            "app_dtype": app_dtype(),
             "texts": n_texts,
             "clients": clients,
             "repeats": repeats,
@@ -661,15 +719,16 @@ def token_lengths(texts: list[str]) -> dict[str, int]:
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     print(
-        f"{'scenario':<8} {'peer':<11} {'texts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'waste':>6} {'batch':>6} "
-        f"{'min cos':>8} {'x naive':>7} {'x vllm':>7} {'p50/vllm':>8}  status"
+        f"{'scenario':<8} {'peer':<16} {'dtype':<8} {'texts/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'waste':>6} "
+        f"{'batch':>6} {'min cos':>8} {'x naive':>7} {'x n-same':>8} {'x vllm':>7} {'x v-same':>8} {'p50/vllm':>8}"
+        "  status"
     )
     for r in rows:
         print(
-            f"{r['scenario']:<8} {r['peer']:<11} {r['texts_per_s']:8.1f} {r['p50_ms']:8.0f} {r['p99_ms']:8.0f} "
-            f"{r['padding_waste']:6.2f} {r['avg_batch']:6.1f} {r['min_cosine']:8.5f} {r['x_naive']:7.2f} "
-            f"{r['x_vllm']:7.2f} {r['p50_x_vllm']:8.2f}  "
-            f"{r['status'][:200]}"
+            f"{r['scenario']:<8} {r['peer']:<16} {r['dtype']:<8} {r['texts_per_s']:8.1f} {r['p50_ms']:8.0f} "
+            f"{r['p99_ms']:8.0f} {r['padding_waste']:6.2f} {r['avg_batch']:6.1f} {r['min_cosine']:8.5f} "
+            f"{r['x_naive']:7.2f} {r['x_naive_app_dtype']:8.2f} {r['x_vllm']:7.2f} {r['x_vllm_app_dtype']:8.2f} "
+            f"{r['p50_x_vllm']:8.2f}  {r['status'][:200]}"
         )
 
 

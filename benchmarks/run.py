@@ -382,6 +382,7 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
             {
                 "scenario": r["scenario"],
                 "peer": r["peer"],
+                "dtype": r.get("dtype", "?"),
                 "texts/s": cell("texts_per_s", ".1f"),
                 "p50": cell("p50_ms", ",.0f"),
                 "p99": cell("p99_ms", ",.0f"),
@@ -390,8 +391,11 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
                 "cosine": cell("min_cosine", ".5f"),
                 "x": cell("x_naive", ".2f"),
                 "p50x": cell("p50_x_naive", ".2f"),
+                "xns": cell("x_naive_app_dtype", ".2f"),
                 "xv": cell("x_vllm", ".2f"),
                 "p50xv": cell("p50_x_vllm", ".2f"),
+                "xvs": cell("x_vllm_app_dtype", ".2f"),
+                "p50xvs": cell("p50_x_vllm_app_dtype", ".2f"),
                 "others": cell("other_cpu", ".2f"),
                 "tries": r["attempts"],
                 "status": r["status"][:160],
@@ -402,7 +406,7 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
     batcher = {k: v for k, v in cfg["app_batcher"].items() if k in shown_keys}
     return (
         "### 7. Embeddings served side by side (all-MiniLM-L6-v2, CPU)\n\n"
-        f"`POST /v1/embeddings`, float32, one replica each, each peer alone on the machine ({cfg['cores']} cores) "
+        f"`POST /v1/embeddings`, one replica each, each peer alone on the machine ({cfg['cores']} cores) "
         f"in turn. Corpus: {cfg['texts']} long-tailed texts (`benchmarks.padding.make_texts`; tokens p50 "
         f"{lengths['p50']}, p90 {lengths['p90']}, p99 {lengths['p99']}, max {lengths['max']}); {cfg['clients']} "
         "closed-loop clients, each request one text (`single`) or 16 (`list16`). Peers: **app** "
@@ -416,11 +420,16 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
         "FIFO), **naive** "
         f"(`@serve.batch(max_batch_size={cfg['naive']['max_batch_size']}, "
         f"batch_wait_timeout_s={cfg['naive']['batch_wait_timeout_s']})` around sentence-transformers' `encode`, "
-        "in a thread), **vllm** (vLLM's OpenAI server, `--runner pooling`: packs tokens, no padding). "
+        "in a thread, float32 as sentence-transformers loads it), **naive-app-dtype** (the same in the app's "
+        f"dtype here, {cfg['app_dtype']}), **vllm** (vLLM's OpenAI server, `--runner pooling`, as its users start "
+        "it: its dtype `auto`; it packs tokens, no padding), **vllm-app-dtype** (the same with `--dtype "
+        f"{cfg['app_dtype']}`, the app's: the same engine and precision on both sides). `dtype`: what each "
+        "computes in (the app's `auto`: bfloat16 on a CPU with AMX, float32 on others; docs/embeddings.md). "
         "`waste`: 1 - real / padded tokens of the batches the server ran; `batch`: texts per batch; `cosine`: the "
         f"lowest cosine of {cfg['sampled_vectors']} sampled vectors against sentence-transformers' `encode` of "
-        "each text alone; `x naive`, `x vllm`: texts/s over naive's, over vLLM's server's (`p50 x`: the same for "
-        "p50 latency); `others' CPU`: cores' worth of CPU that other "
+        "each text alone, in float32; `x naive`, `x vllm`: texts/s over naive's, over vLLM's server's (`p50 x`: the "
+        "same for p50 latency); `x naive (app dtype)`, `x vllm (app dtype)`: over the same peers in the app's "
+        "dtype; `others' CPU`: cores' worth of CPU that other "
         "processes on the (shared) machine used during the run; a run during which they used more than "
         f"{cfg['quiet_cores']} was run again after a pause, up to {cfg['retries']} times, and the least disturbed "
         "try is shown (`tries`). Start-up and warm-up are not measured.\n\n"
@@ -429,6 +438,7 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
             [
                 ("scenario", "scenario", ""),
                 ("peer", "peer", ""),
+                ("dtype", "dtype", ""),
                 ("texts/s", "texts/s", ""),
                 ("p50", "p50 ms", ""),
                 ("p99", "p99 ms", ""),
@@ -437,8 +447,11 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
                 ("cosine", "min cosine", ""),
                 ("x", "x naive", ""),
                 ("p50x", "p50 x naive", ""),
+                ("xns", "x naive (app dtype)", ""),
                 ("xv", "x vllm", ""),
                 ("p50xv", "p50 x vllm", ""),
+                ("xvs", "x vllm (app dtype)", ""),
+                ("p50xvs", "p50 x vllm (app dtype)", ""),
                 ("others", "others' CPU", ""),
                 ("tries", "tries", ""),
                 ("status", "status", ""),

@@ -46,9 +46,27 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def reference(engine):
-    """sentence-transformers' own ``encode`` of a text list (its own batching, sorting and padding)."""
-    return lambda texts: engine.model.encode(texts, batch_size=16, convert_to_numpy=True)
+def reference():
+    """sentence-transformers' own ``encode`` of a text list in float32 (its own batching, sorting and padding),
+    whatever dtype the engines compute in here."""
+    from sentence_transformers import SentenceTransformer
+
+    from serve_app.engines.encoder import bundled_encoder_path
+
+    model = SentenceTransformer(str(bundled_encoder_path()), device="cpu", local_files_only=True).eval()
+    return lambda texts: model.encode(texts, batch_size=16, convert_to_numpy=True)
+
+
+def test_embedding_engines_compute_in_bfloat16_only_where_the_cpu_has_bfloat16_matrix_units(engine):
+    import torch
+
+    from serve_app.engines.embedding import cpu_embedding_dtype, cpu_flags
+
+    assert cpu_embedding_dtype({"avx512f", "amx_tile", "amx_bf16"}) == "bfloat16"
+    assert cpu_embedding_dtype({"avx2", "avx512_bf16"}) == "float32"  # no AMX (AMD Zen 4, say): not measured faster
+    assert cpu_embedding_dtype(set()) == "float32"
+    assert engine.dtype == cpu_embedding_dtype() == ("bfloat16" if "amx_bf16" in cpu_flags() else "float32")
+    assert next(engine.model.parameters()).dtype == getattr(torch, engine.dtype)
 
 
 # -- The engine and the batcher, in process ----------------------------------------------------------
@@ -140,6 +158,7 @@ async def test_vllm_engine_vectors_equal_sentence_transformers_in_order_and_a_ca
     gives their tokens back; bad inputs fail alone or refuse the request."""
     from serve_app.config import EmbeddingConfig
     from serve_app.core import Embedder
+    from serve_app.engines.embedding import cpu_embedding_dtype
     from serve_app.errors import RequestError
 
     embedder = Embedder(EmbeddingConfig())
@@ -147,6 +166,7 @@ async def test_vllm_engine_vectors_equal_sentence_transformers_in_order_and_a_ca
     await embedder.start()
     try:
         assert (embedder.engine.dimensions, embedder.engine.max_length) == (384, 256)
+        assert embedder.stats()["dtype"] == cpu_embedding_dtype()  # what vLLM's engine was started in
         texts = long_tailed(300, seed=4)
         vectors = await embedder.vectors(texts)
         assert min(cosines(vectors, reference(texts))) >= 0.999  # in order, each the text's own vector

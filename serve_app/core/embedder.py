@@ -119,5 +119,6 @@ class Embedder(Core[EmbeddingConfig, BatcherSettings]):
         return out
 
     def stats(self) -> dict[str, Any]:
-        """The core's statistics, with the engine's device and the vectors' dimensions."""
-        return {**super().stats(), "device": self.engine.device, "dimensions": self.engine.dimensions}
+        """The core's statistics, with the engine's device, what it computes in and the vectors' dimensions."""
+        engine = self.engine
+        return {**super().stats(), "device": engine.device, "dtype": engine.dtype, "dimensions": engine.dimensions}

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import EngineDeadError
 from ..models import BUNDLED, package_folders
-from .embedding import EmbeddingEngine, EmbeddingRequest
+from .embedding import EmbeddingEngine, EmbeddingRequest, cpu_embedding_dtype
 
 logger = logging.getLogger("serve_app")
 
@@ -57,7 +57,8 @@ class EncoderEngine(EmbeddingEngine):
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         threads: CPU compute threads; ``auto`` uses every usable core (Ray sets ``OMP_NUM_THREADS=1`` in a
             replica with less than one logical CPU, which would leave the other cores idle).
-        dtype: ``auto`` (float32 on the CPU, float16 on the GPU), ``float32``, ``float16`` or ``bfloat16``.
+        dtype: ``auto`` (on the CPU :func:`cpu_embedding_dtype`, float16 on the GPU), ``float32``, ``float16`` or
+            ``bfloat16``.
     """
 
     name = "padded"
@@ -80,7 +81,8 @@ class EncoderEngine(EmbeddingEngine):
         local = Path(path).is_dir()
         self.model = SentenceTransformer(str(path), device=self.device, local_files_only=local).eval()
         if dtype == "auto":
-            dtype = "float32" if self.device == "cpu" else "float16"
+            dtype = cpu_embedding_dtype() if self.device == "cpu" else "float16"
+        self.dtype = dtype
         self.model.to(getattr(torch, dtype))
         self.tokenizer = self.model.tokenizer
         self.max_length = int(self.model.max_seq_length)

@@ -24,7 +24,7 @@ from ..config.embeddings import PoolingSettings
 from ..errors import EngineDeadError
 from ..models import BUNDLED
 from .async_llm import AsyncLLMLifecycle, has_cuda, render_tokens, start_async_llm, tokenize_texts
-from .embedding import EmbeddingEngine, EmbeddingRequest
+from .embedding import EmbeddingEngine, EmbeddingRequest, cpu_embedding_dtype
 from .encoder import bundled_encoder_path
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,8 @@ class PoolingEngine(AsyncLLMLifecycle, EmbeddingEngine):
         path = str(bundled_encoder_path() if str(model) == BUNDLED else model)
         on_gpu = has_cuda()
         self.device = "cuda" if on_gpu else "cpu"
+        if settings.dtype == "auto" and not on_gpu:
+            settings = settings.model_copy(update={"dtype": cpu_embedding_dtype()})
         args = {"runner": "pooling", "scheduling_policy": settings.scheduling_policy, **settings.engine_args}
         try:
             self._llm: Any = start_async_llm(path, settings, on_gpu, args)
@@ -54,6 +56,7 @@ class PoolingEngine(AsyncLLMLifecycle, EmbeddingEngine):
                 "in torch)"
             ) from exc
         config = self._llm.model_config
+        self.dtype = str(config.dtype).removeprefix("torch.")
         self.max_length = int(config.max_model_len)
         self.dimensions = int(config.embedding_size)
         tokenizer = self._llm.renderer.tokenizer
@@ -65,9 +68,10 @@ class PoolingEngine(AsyncLLMLifecycle, EmbeddingEngine):
         self._dead: BaseException | None = None
         self._counts = {"inputs": 0, "tokens": 0, "aborts": 0, "failures": 0}
         logger.info(
-            "vLLM pooling engine %s on %s: %d dims, max %d tokens, %d tokens and %d inputs a step",
+            "vLLM pooling engine %s on %s (%s): %d dims, max %d tokens, %d tokens and %d inputs a step",
             path,
             self.device,
+            self.dtype,
             self.dimensions,
             self.max_length,
             self._step_tokens,
