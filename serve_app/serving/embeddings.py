@@ -30,6 +30,8 @@ from .replica import Replica, make_api
 
 MOUNT = "/v1/embeddings"
 
+"""The route prefix this app takes beside the generation app (``serve_config.yaml``)."""
+
 
 class VectorsResponse(JSONResponse):
     """JSON rendered by pydantic's serializer (in Rust), as FastAPI renders a typed response: the floats of 16
@@ -37,7 +39,6 @@ class VectorsResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return pydantic_core.to_json(content)
-"""The route prefix this app takes beside the generation app (``serve_config.yaml``)."""
 
 
 class MountedAtRoute:
