@@ -29,7 +29,6 @@ from ..openai.embeddings import EmbeddingRequestBody, response
 from .replica import Replica, make_api
 
 MOUNT = "/v1/embeddings"
-
 """The route prefix this app takes beside the generation app (``serve_config.yaml``)."""
 
 
