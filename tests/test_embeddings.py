@@ -57,16 +57,19 @@ def reference():
     return lambda texts: model.encode(texts, batch_size=16, convert_to_numpy=True)
 
 
-def test_embedding_engines_compute_in_bfloat16_only_where_the_cpu_has_bfloat16_matrix_units(engine):
+async def test_embedding_engines_compute_in_bfloat16_only_where_the_cpu_has_bfloat16_matrix_units(engine):
     import torch
 
-    from serve_app.engines.embedding import cpu_embedding_dtype, cpu_flags
+    from serve_app.engines.embedding import EmbeddingRequest, cpu_embedding_dtype, cpu_flags
 
     assert cpu_embedding_dtype({"avx512f", "amx_tile", "amx_bf16"}) == "bfloat16"
     assert cpu_embedding_dtype({"avx2", "avx512_bf16"}) == "float32"  # no AMX (AMD Zen 4, say): not measured faster
     assert cpu_embedding_dtype(set()) == "float32"
     assert engine.dtype == cpu_embedding_dtype() == ("bfloat16" if "amx_bf16" in cpu_flags() else "float32")
     assert next(engine.model.parameters()).dtype == getattr(torch, engine.dtype)
+    requests = [EmbeddingRequest(str(i), ids) for i, ids in enumerate(await engine.tokenize(long_tailed(8)))]
+    norms = np.linalg.norm(await engine.embed(requests), axis=1)
+    assert np.abs(norms - 1).max() < 1e-6, norms  # unit length whatever the dtype, as the model's Normalize says
 
 
 # -- The engine and the batcher, in process ----------------------------------------------------------

@@ -72,6 +72,7 @@ class EncoderEngine(EmbeddingEngine):
     ) -> None:
         import torch
         from sentence_transformers import SentenceTransformer
+        from sentence_transformers.models import Normalize
 
         path = bundled_encoder_path() if str(model) == BUNDLED else model
         self.device = pick_device(device)
@@ -84,6 +85,9 @@ class EncoderEngine(EmbeddingEngine):
             dtype = cpu_embedding_dtype() if self.device == "cpu" else "float16"
         self.dtype = dtype
         self.model.to(getattr(torch, dtype))
+        # A model that ends in normalisation gets its vectors normalised again in float32: in bfloat16 (or float16)
+        # their lengths stray from 1 by up to 0.5%, which a dot product would read as a difference.
+        self._normalizes = any(isinstance(module, Normalize) for module in self.model) and dtype != "float32"
         self.tokenizer = self.model.tokenizer
         self.max_length = int(self.model.max_seq_length)
         self.special_ids = frozenset(self.tokenizer.all_special_ids)
@@ -137,7 +141,10 @@ class EncoderEngine(EmbeddingEngine):
         counts["inputs"] += len(token_ids)
         counts["tokens"] += sum(len(ids) for ids in token_ids)
         counts["padded_tokens"] += len(token_ids) * max(len(ids) for ids in token_ids)
-        return vectors.float().cpu().tolist()
+        vectors = vectors.float()
+        if self._normalizes:
+            vectors = self._torch.nn.functional.normalize(vectors, dim=-1)
+        return vectors.cpu().tolist()
 
     def stats(self) -> dict[str, Any]:
         """Batches, inputs, real and padded tokens so far, and the padding waste they imply."""
