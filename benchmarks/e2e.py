@@ -71,7 +71,7 @@ def app_args() -> dict[str, Any]:
 
 def engine_settings() -> dict[str, Any]:
     """The engine arguments the app's vLLM engine gets from serve_config.yaml (CPU: no GPU here)."""
-    from serve_app.engines.async_llm import cpu_dtype
+    from serve_app.engines.cpu import cpu_dtype
 
     vllm = app_args().get("vllm") or {}
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vllm.get("cpu_kvcache_space_gb", 2)))

@@ -1,7 +1,8 @@
 """OpenAI-compatible servers side by side, measured with vLLM's own benchmark client (``vllm bench serve``).
 
 Peers, each started in turn as its own subprocess (one engine on the CPU at a time), all on the bundled model
-(SmolLM2-135M-Instruct), dtype float32, max_model_len 2048, enforce_eager, VLLM_CPU_KVCACHE_SPACE=2, one replica:
+(SmolLM2-135M-Instruct), the app's dtype on this CPU (bfloat16 with AMX, else float32), max_model_len 2048,
+enforce_eager, VLLM_CPU_KVCACHE_SPACE=2, one replica:
 
   vllm           vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
   app            this project: ``serve run`` on serve_config.yaml, with only the HTTP port, one replica
@@ -60,12 +61,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from serve_app.engines.cpu import cpu_dtype
+
 from .procs import spawn, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 MODEL_NAME = "SmolLM2-135M-Instruct"
-DTYPE = "float32"
+DTYPE = cpu_dtype()  # what the app computes in here (`vllm.dtype: auto`), so every peer is measured in it
 MAX_MODEL_LEN = 2048
 PEERS = (
     "vllm",

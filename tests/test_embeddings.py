@@ -60,12 +60,13 @@ def reference():
 async def test_embedding_engines_compute_in_bfloat16_only_where_the_cpu_has_bfloat16_matrix_units(engine):
     import torch
 
-    from serve_app.engines.embedding import EmbeddingRequest, cpu_embedding_dtype, cpu_flags
+    from serve_app.engines.cpu import cpu_dtype, cpu_flags
+    from serve_app.engines.embedding import EmbeddingRequest
 
-    assert cpu_embedding_dtype({"avx512f", "amx_tile", "amx_bf16"}) == "bfloat16"
-    assert cpu_embedding_dtype({"avx2", "avx512_bf16"}) == "float32"  # no AMX (AMD Zen 4, say): not measured faster
-    assert cpu_embedding_dtype(set()) == "float32"
-    assert engine.dtype == cpu_embedding_dtype() == ("bfloat16" if "amx_bf16" in cpu_flags() else "float32")
+    assert cpu_dtype({"avx512f", "amx_tile", "amx_bf16"}) == "bfloat16"
+    assert cpu_dtype({"avx2", "avx512_bf16"}) == "float32"  # no AMX (AMD Zen 4, say): not measured faster
+    assert cpu_dtype(set()) == "float32"
+    assert engine.dtype == cpu_dtype() == ("bfloat16" if "amx_bf16" in cpu_flags() else "float32")
     assert next(engine.model.parameters()).dtype == getattr(torch, engine.dtype)
     requests = [EmbeddingRequest(str(i), ids) for i, ids in enumerate(await engine.tokenize(long_tailed(8)))]
     norms = np.linalg.norm(await engine.embed(requests), axis=1)
@@ -161,7 +162,7 @@ async def test_vllm_engine_vectors_equal_sentence_transformers_in_order_and_a_ca
     gives their tokens back; bad inputs fail alone or refuse the request."""
     from serve_app.config import EmbeddingConfig
     from serve_app.core import Embedder
-    from serve_app.engines.embedding import cpu_embedding_dtype
+    from serve_app.engines.cpu import cpu_dtype
     from serve_app.errors import RequestError
 
     embedder = Embedder(EmbeddingConfig())
@@ -169,7 +170,7 @@ async def test_vllm_engine_vectors_equal_sentence_transformers_in_order_and_a_ca
     await embedder.start()
     try:
         assert (embedder.engine.dimensions, embedder.engine.max_length) == (384, 256)
-        assert embedder.stats()["dtype"] == cpu_embedding_dtype()  # what vLLM's engine was started in
+        assert embedder.stats()["dtype"] == cpu_dtype()  # what vLLM's engine was started in
         texts = long_tailed(300, seed=4)
         vectors = await embedder.vectors(texts)
         assert min(cosines(vectors, reference(texts))) >= 0.999  # in order, each the text's own vector

@@ -71,9 +71,9 @@ def comparable(body: dict, approx: bool = False) -> dict:
     bits of a vector, which depend on the batch a text lands in. In float32 that is 1e-5 at most; in bfloat16 (the
     engines' dtype on a CPU with AMX) up to 1.5e-3 here, where the vectors of two of these texts differ by 4.5e-2
     or more somewhere."""
-    from serve_app.engines.embedding import cpu_embedding_dtype
+    from serve_app.engines.cpu import cpu_dtype
 
-    tolerance = 1e-5 if cpu_embedding_dtype() == "float32" else 5e-3
+    tolerance = 1e-5 if cpu_dtype() == "float32" else 5e-3
     out = {k: v for k, v in body.items() if k not in ("id", "created")}
     for item in out.get("data", []):
         vector = item.get("embedding")

