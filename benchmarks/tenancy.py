@@ -19,6 +19,9 @@ a time):
                        when it arrives, and on a CPU a step's time grows with its tokens
   app-no-step-cap      ``app`` without ``batcher.low_priority_step_tokens``: the job's prompts and running sequences
                        fill each step up to vLLM's own size while chats are about
+  app-vllm-steps       ``app`` with vLLM's own step size (2048 tokens on a CPU: ``vllm.max_num_batched_tokens: null``)
+                       and the job's step cap kept at ``CPU_STEP_CAP``: big steps for the job alone, small ones
+                       while chats are about
   app-python-proxy     ``app`` with Serve's Python proxy at the chats' door instead of serve.env's HAProxy (each chat
                        and its stream cross the proxy, on the cores the engine computes on)
   vllm                 vLLM's OpenAI server with ``--scheduling-policy priority``; the job sends every prompt at once
@@ -55,6 +58,7 @@ JOB_ROWS, JOB_TOKENS = 1000, 32
 JOB_PRIORITY = 1
 SMALL_SHARE = 0.125
 SMALL_STEP_TOKENS = 256
+CPU_STEP_CAP = 256  # the job's step cap on a CPU by default (half of the app's 512-token steps)
 APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priority, app_config's batcher and fleet
     "app": {"priority": JOB_PRIORITY},
     "app-no-priorities": {"priority": 0},
@@ -70,6 +74,11 @@ APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priori
         "fleet": {"vllm": {"max_num_batched_tokens": SMALL_STEP_TOKENS}},
     },
     "app-no-step-cap": {"priority": JOB_PRIORITY, "batcher": {"low_priority_step_tokens": None}},
+    "app-vllm-steps": {
+        "priority": JOB_PRIORITY,
+        "fleet": {"vllm": {"max_num_batched_tokens": None}},
+        "batcher": {"low_priority_step_tokens": CPU_STEP_CAP},
+    },
     "app-python-proxy": {"priority": JOB_PRIORITY, "env": PYTHON_PROXY},
 }
 PEERS = ("vllm", *APP_PEERS)  # vllm first: its job-alone tok/s sets the rate
@@ -314,7 +323,8 @@ def markdown(rows: list[dict[str, Any]], job_rows: int, online_s: float, minutes
         f"`app-small-share`: `app` with `low_priority_share: {SMALL_SHARE}`; `-nice0`: the replica's process at "
         "niceness 0 (`vllm.cpu_replica_niceness`); "
         f"`app-small-steps`: `app` with vLLM's steps at {SMALL_STEP_TOKENS} tokens (`max_num_batched_tokens`); "
-        "`app-no-step-cap`: `app` with `low_priority_step_tokens: null`; `vllm`: "
+        "`app-no-step-cap`: `app` with `low_priority_step_tokens: null`; `app-vllm-steps`: `app` with vLLM's own "
+        f"step size (`max_num_batched_tokens: null`, 2048 on a CPU) and the step cap at {CPU_STEP_CAP}; `vllm`: "
         "vLLM's server with `--scheduling-policy priority`, every job prompt sent at once at priority 1. "
         "`job x what is left`: the job's tok/s beside the online load over (its tok/s alone - the online "
         "load's tok/s alone). `beside the job`: every chat sent until the job ended; `while the job streams`: "
