@@ -3,8 +3,9 @@
 Online load: chat requests (streamed, ``max_tokens`` ``ONLINE_TOKENS``, priority 0) in Poisson arrivals at about
 ``ONLINE_SHARE`` of what the replica serves (its output tok/s with a batch job alone: the first peer measures it,
 and every peer then gets the same arrivals). The batch job: ``JOB_ROWS`` prompts of the sample dataset,
-``JOB_TOKENS`` each, greedy, as its users run it on each peer. Peers, each started in turn (one engine on the CPU at
-a time):
+at most ``JOB_TOKENS`` tokens each, greedy, ending where the model ends them (no ``ignore_eos``: the driver sends
+none, so vLLM's job gets none either and both do the same work), as its users run it on each peer. Peers, each
+started in turn (one engine on the CPU at a time):
 
   app                  ``serve run serve_config.yaml`` (one replica); the job is the Ray Data driver
                        (``python -m serve_app.driver``) at its default priority, after interactive requests
@@ -190,7 +191,7 @@ async def vllm_job(url: str, path: Path, priority: int) -> dict[str, Any]:
 
         async def one(prompt: str) -> int:
             body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": JOB_TOKENS, "temperature": 0.0}
-            body |= {"ignore_eos": True, "priority": priority}
+            body["priority"] = priority  # no ignore_eos: the app's driver stops where the model does, so must this
             async with session.post(f"{url}/v1/completions", json=body) as response:
                 payload = await response.json()
                 return payload["usage"]["completion_tokens"] if response.status == 200 else 0
@@ -321,7 +322,8 @@ def markdown(rows: list[dict[str, Any]], job_rows: int, online_s: float, minutes
     about = (
         f"Online: streamed chats ({ONLINE_TOKENS} tokens, priority 0) in Poisson arrivals at "
         f"{ONLINE_SHARE:.0%} of the first peer's job-alone output tok/s (or `--rate`), {online_s:.0f} s alone, then "
-        f"the same arrivals while the job runs. The job: {job_rows} prompts x {JOB_TOKENS} tokens; `app`: the Ray "
+        f"the same arrivals while the job runs. The job: {job_rows} prompts x at most {JOB_TOKENS} tokens, "
+        "ending where the model ends them on every peer (no `ignore_eos`); `app`: the Ray "
         "Data driver at its default priority (1); `app-no-priorities`: the same driver at priority 0; "
         f"`app-small-share`: `app` with `low_priority_share: {SMALL_SHARE}`; `-nice0`: the replica's process at "
         "niceness 0 (`vllm.cpu_replica_niceness`); "
