@@ -9,6 +9,7 @@ every request is answered once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import pickle
 import time
 import uuid
@@ -317,6 +318,22 @@ async def test_stale_or_missing_statistics_fall_back_to_power_of_two_choices(cas
         assert names(await router.choose_replicas(replicas, request("generate", "hi")))[0] in (["r0"], ["r2"])
 
 
+async def test_a_stale_report_is_a_warning_a_replica_yet_to_report_is_not(caplog):
+    replicas = [FakeReplica(f"r{i}", 1_000 * i) for i in range(2)]
+    replicas[1].routing_stats = {}  # start-up: no report yet
+    router = await router_with(*replicas, stale_after_s=5)
+    with caplog.at_level(logging.INFO, logger="serve_app"):
+        await router.choose_replicas(replicas, request("generate", "hi"))
+        replicas[1].report(1_000)
+        await router.choose_replicas(replicas, request("generate", "hi"))  # every replica reports: tokens decide
+        replicas[1].report(1_000, age_s=30)  # then its reports stop reaching the router
+        for _ in range(3):
+            await router.choose_replicas(replicas, request("generate", "hi"))
+    fallbacks = [r for r in caplog.records if "without a fresh report" in r.getMessage()]
+    assert [r.levelno for r in fallbacks] == [logging.INFO, logging.WARNING]  # once per fallback, not per request
+    assert "(1 stale)" in fallbacks[1].getMessage()
+
+
 async def test_ties_go_to_the_local_node_then_the_shorter_queue_and_tokens_beat_both():
     here, there = FakeReplica("here", 1_000, node="node-a", prompts=9), FakeReplica("there", 1_050, node="node-b")
     local = await router_with(here, there, prefer_local=True)  # as the HTTP proxy routes
@@ -471,7 +488,23 @@ def http_door_check() -> None:
         result[router] = asyncio.run(prompts_held(router))
         job.cancel()
         serve.delete(router)
+    result["fallbacks"] = stale_fallbacks()
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def stale_fallbacks() -> list[str]:
+    """The token routers' warnings in this cluster's logs that they routed by counts because a report went stale
+    (each router warns once a fallback; see ``TokenLoadRouter.choose_replicas``)."""
+    from pathlib import Path
+
+    from ray._private.worker import global_worker
+
+    found = []
+    for path in Path(global_worker.node.get_logs_dir_path()).rglob("*"):
+        if path.is_file() and path.suffix in (".log", ".err", ".out"):
+            text = path.read_text(errors="replace")
+            found += [f"{path.name}: {line.strip()}" for line in text.splitlines() if "without a fresh report" in line]
+    return found
 
 
 @pytest.mark.serve
@@ -491,5 +524,5 @@ def test_chats_over_http_avoid_the_replica_a_handle_job_loads_under_haproxy():
     # two (6 and 50), which is not explained yet (a pick HAProxy could not pin goes through Serve's Python proxy,
     # whose router may not have the reports yet, is one suspect): two are tolerated until it is; Serve's router put
     # four there in both runs.
-    assert sum(tokens) == 56 and tokens[1] - 48 <= 2, result
+    assert sum(tokens) == 56 and tokens[1] - 48 <= 2, result  # result["fallbacks"]: a router's reports went stale
     assert serve[1] > 48 and sum(serve) == 56, result  # least connections: chats beside the job too

@@ -184,8 +184,16 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         held = {r.replica_id: self.held_tokens(r, now) for r in candidate_replicas}
         if any(h is None for h in held.values()):
             if not self._degraded:
-                missing = sum(h is None for h in held.values())
-                logger.info("token router: %d replica(s) without a fresh report; ongoing requests decide", missing)
+                # A replica that has not reported yet (start-up, a new replica) is routine (INFO); a report older
+                # than stale_after_s means a replica or Serve's relay of its reports has fallen behind (WARNING).
+                missing = [r for r in candidate_replicas if held[r.replica_id] is None]
+                stale = sum(isinstance((r.routing_stats or {}).get("at"), (int, float)) for r in missing)
+                logger.log(
+                    logging.WARNING if stale else logging.INFO,
+                    "token router: %d replica(s) without a fresh report (%d stale); ongoing requests decide",
+                    len(missing),
+                    stale,
+                )
                 self._degraded = True
             return await self._power_of_two(candidate_replicas, pending_request)
         if self._degraded:
