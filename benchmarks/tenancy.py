@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.engines.async_llm import CPU_STEP_TOKENS
-from serve_app.engines.vllm_engine import PACED_STEP_SHARE
+from serve_app.engines.vllm_engine import paced_step_tokens
 
 from .run import after, percentile, timeline
 from .serving import DTYPE, MODEL_NAME, PYTHON_PROXY, ROOT, run_driver, running
@@ -62,7 +62,7 @@ JOB_ROWS, JOB_TOKENS = 1000, 32
 JOB_PRIORITY = 1
 SMALL_SHARE = 0.125
 SMALL_STEP_TOKENS = 256
-CPU_STEP_CAP = CPU_STEP_TOKENS // PACED_STEP_SHARE  # the job's step cap the app's `auto` gives on a CPU
+CPU_STEP_CAP = paced_step_tokens(CPU_STEP_TOKENS)  # the job's step cap the app's `auto` gives on a CPU
 APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priority, app_config's batcher and fleet
     "app": {"priority": JOB_PRIORITY},
     "app-no-priorities": {"priority": 0},

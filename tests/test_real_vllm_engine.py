@@ -4,6 +4,7 @@ model (slow: about a minute)."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -208,11 +209,14 @@ def test_the_engine_computes_in_bfloat16_only_where_the_cpu_has_bfloat16_matrix_
 
 def test_bare_vllm_peers_compute_as_the_app_does():
     """The benchmarks' bare-vLLM peers take their precision from the app's own helper, rotary setting included."""
+    from unittest import mock
+
     from benchmarks.e2e import engine_settings
     from serve_app.engines.async_llm import precision_args
 
     assert precision_args("auto", on_gpu=True) == {"dtype": "auto"}  # the model's own dtype, vLLM's own kernels
     assert precision_args("float32", on_gpu=False) == {"dtype": "float32"}
     assert precision_args("bfloat16", on_gpu=False)["compilation_config"] == {"custom_ops": ["-rotary_embedding"]}
-    offline = engine_settings()
+    with mock.patch.dict(os.environ):  # engine_settings() sets the KV cache size for its engine: not for later tests
+        offline = engine_settings()
     assert {k: offline[k] for k in precision_args("auto", on_gpu=False)} == precision_args("auto", on_gpu=False)

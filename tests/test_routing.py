@@ -503,7 +503,8 @@ def stale_fallbacks() -> list[str]:
     for path in Path(global_worker.node.get_logs_dir_path()).rglob("*"):
         if path.is_file() and path.suffix in (".log", ".err", ".out"):
             text = path.read_text(errors="replace")
-            found += [f"{path.name}: {line.strip()}" for line in text.splitlines() if "without a fresh report" in line]
+            stale = [line for line in text.splitlines() if "without a fresh report" in line and "(0 stale)" not in line]
+            found += [f"{path.name}: {line.strip()}" for line in stale]
     return found
 
 
