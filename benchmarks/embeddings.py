@@ -25,7 +25,7 @@ name), each peer alone on the machine in turn (started, measured, stopped; the n
                 batch whenever its wait times out, also while the model is busy, so under steady load it queues
                 many small batches
   naive-app-dtype  the naive server in the dtype the app computes in here (its engines' ``auto``: bfloat16 on a
-                CPU with AMX, float32 on others): the app's batching against naive's, precision aside
+                CPU with AMX or AVX512-BF16, float32 on others): the app's batching against naive's, precision aside
   vllm          vLLM's own OpenAI server in pooling mode (``--runner pooling``; the pooling, mean + normalize,
                 comes from the folder's sentence-transformers files) as its users start it, its dtype ``auto``
                 (vLLM computes a float32 pooling model in float16): it packs a batch's tokens without padding,
@@ -51,8 +51,9 @@ cores' worth of CPU that processes outside this benchmark used during the run (t
 run during which others used more than ``QUIET_CORES`` is run again after a pause (``--retries``, default 2)
 and the least disturbed attempt is kept.
 The vectors of a sample of texts (every k-th and the longest) are checked against sentence-transformers' own
-``encode`` of each text alone: a cosine under ``MIN_COSINE`` flags the peer. Start-up and warm-up are not
-measured.
+``encode`` of each text alone: a cosine under ``MIN_COSINE`` flags the peer. Start-up and warm-up (other texts,
+at the full client count) are not measured. ``--rounds`` starts every peer that many times, interleaved, and
+reports each figure's median over them: this shared machine's speed drifts by 10-20% within minutes.
 
     python -m benchmarks.embeddings [--quick] [--peers app naive vllm] [--texts 2000] [--clients 64]
                                     [--repeats 1] [--rounds 1] [--json out.json]
@@ -124,6 +125,7 @@ SAMPLE = 48  # texts whose vectors are checked, per peer and scenario
 READY_MARKER = "EMBEDDINGS_BENCH_READY"
 DIRECT_MARKER = "EMBEDDINGS_BENCH_DIRECT_URL"
 DIRECT = "-direct"  # a peer name's suffix: the client on the app replica's own port (direct ingress)
+WARM_TEXTS_PER_CLIENT = 4  # a peer's warm-up: this many texts per client, at the full client count
 QUIET_CORES = 0.25  # a run during which other processes used more CPU than this is run again (``--retries``)
 RETRY_PAUSE_S = 20.0
 APP_IMPORT_PATH = "serve_app.app:build_embeddings_app"
@@ -131,6 +133,17 @@ APP_IMPORT_PATH = "serve_app.app:build_embeddings_app"
 
 def cores() -> int:
     return len(os.sched_getaffinity(0))
+
+
+def cpu_model() -> str:
+    """This CPU's model name as /proc/cpuinfo gives it, with its bfloat16 units (what ``dtype: auto`` reads)."""
+    from serve_app.engines.cpu import NATIVE_BF16_FLAGS, cpu_flags
+
+    name = "an unnamed CPU"
+    with suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
+        name = next((line.partition(":")[2].strip() for line in cpuinfo if line.startswith("model name")), name)
+    units = sorted(NATIVE_BF16_FLAGS & cpu_flags())
+    return f"{name} ({', '.join(units) if units else 'no bfloat16 units'})"
 
 
 def env() -> dict[str, str]:
@@ -575,9 +588,12 @@ def measure_peer(
         with running(peer, workdir, 600, app_batcher) as (url, startup_s, marker):
             dtype = served_dtype(peer, url, tail(workdir / f"{peer}.log", 200_000))
             print(f"[embeddings] {peer} ready in {startup_s:.0f} s, in {dtype}", file=sys.stderr, flush=True)
-            warm = make_texts(64, seed=1)
+            # Warmed at the measured load: every step size a full load runs, compiled and cached before the clock
+            # starts (a first run after a lighter warm-up was up to 1.7x slower here, in one peer's run and not
+            # another's).
+            warm = make_texts(WARM_TEXTS_PER_CLIENT * clients, seed=1)
             for per_request in sorted({SCENARIOS[s] for s in scenarios}):
-                asyncio.run(load(url, warm, per_request, min(clients, 16), set(), timeout_s))
+                asyncio.run(load(url, warm, per_request, clients, set(), timeout_s))
             for repeat in range(repeats):
                 for scenario in scenarios:
                     # A run that others disturbed (the machine is shared) is run again after a pause, at most
@@ -691,6 +707,7 @@ def measure(
             "scenarios": {s: SCENARIOS[s] for s in scenarios},
             "sampled_vectors": len(indices),
             "cores": cores(),
+            "cpu": cpu_model(),
             "app_batcher": EmbeddingConfig.model_validate(app_args({"batcher": app_batcher})).batcher.model_dump(),
             "naive": {"max_batch_size": NAIVE_BATCH, "batch_wait_timeout_s": NAIVE_WAIT_S},
             "token_lengths": token_lengths(texts),

@@ -353,7 +353,7 @@ def autoscale(quick: bool) -> str:
 def embeddings(quick: bool) -> str:
     from . import embeddings as bench
 
-    out = bench.measure(quick)
+    out = bench.measure(quick, rounds=1 if quick else 2)
     (RESULTS / f"embeddings{'-quick' if quick else ''}.json").write_text(json.dumps(out, indent=2))
     return embeddings_section(out, quick)
 
@@ -406,8 +406,10 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
     batcher = {k: v for k, v in cfg["app_batcher"].items() if k in shown_keys}
     return (
         "### 7. Embeddings served side by side (all-MiniLM-L6-v2, CPU)\n\n"
-        f"`POST /v1/embeddings`, one replica each, each peer alone on the machine ({cfg['cores']} cores) "
-        f"in turn. Corpus: {cfg['texts']} long-tailed texts (`benchmarks.padding.make_texts`; tokens p50 "
+        f"`POST /v1/embeddings`, one replica each, each peer alone on the machine ({cfg['cores']} cores of "
+        f"{cfg.get('cpu', 'an unnamed CPU')}) in turn, every peer started {cfg.get('rounds', 1)} time(s), "
+        f"interleaved, each figure the median of its runs. Corpus: {cfg['texts']} long-tailed texts "
+        "(`benchmarks.padding.make_texts`; tokens p50 "
         f"{lengths['p50']}, p90 {lengths['p90']}, p99 {lengths['p99']}, max {lengths['max']}); {cfg['clients']} "
         "closed-loop clients, each request one text (`single`) or 16 (`list16`). Peers: **app** "
         f"(serve_config.yaml's default engine, vLLM's pooling runner, behind its batcher: `{batcher}`; the client "
@@ -424,7 +426,8 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
         f"dtype here, {cfg['app_dtype']}), **vllm** (vLLM's OpenAI server, `--runner pooling`, as its users start "
         "it: its dtype `auto`; it packs tokens, no padding), **vllm-app-dtype** (the same with `--dtype "
         f"{cfg['app_dtype']}`, the app's: the same engine and precision on both sides). `dtype`: what each "
-        "computes in (the app's `auto`: bfloat16 on a CPU with AMX, float32 on others; docs/embeddings.md). "
+        "computes in (the app's `auto`: bfloat16 on a CPU with AMX or AVX512-BF16, float32 on others; "
+        "docs/embeddings.md). "
         "`waste`: 1 - real / padded tokens of the batches the server ran; `batch`: texts per batch; `cosine`: the "
         f"lowest cosine of {cfg['sampled_vectors']} sampled vectors against sentence-transformers' `encode` of "
         "each text alone, in float32; `x naive`, `x vllm`: texts/s over naive's, over vLLM's server's (`p50 x`: the "
@@ -432,7 +435,7 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
         "dtype; `others' CPU`: cores' worth of CPU that other "
         "processes on the (shared) machine used during the run; a run during which they used more than "
         f"{cfg['quiet_cores']} was run again after a pause, up to {cfg['retries']} times, and the least disturbed "
-        "try is shown (`tries`). Start-up and warm-up are not measured.\n\n"
+        "try is shown (`tries`). Start-up and warm-up (other texts, at the full client count) are not measured.\n\n"
         + table(
             shown,
             [

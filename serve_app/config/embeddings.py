@@ -54,9 +54,9 @@ class PoolingSettings(VLLMSettings):
     )
     dtype: str = Field(
         "auto",
-        description="`auto`: on a CPU bfloat16 where it has bfloat16 matrix units (AMX: Intel Xeon from Sapphire "
-        "Rapids on; 1.9x the texts/s, vectors at cosine >= 0.9998 to float32's), float32 elsewhere; on a GPU vLLM's "
-        "own (float16 for a float32 model)",
+        description="`auto`: on a CPU bfloat16 where it multiplies bfloat16 in hardware (AMX: Intel Xeon from Sapphire "
+        "Rapids on, 1.9x the texts/s; AVX512-BF16: AMD from Zen 4 on, 1.4x; vectors at cosine >= 0.9998 to "
+        "float32's), float32 elsewhere; on a GPU vLLM's own (float16 for a float32 model)",
     )
     cpu_kvcache_space_gb: int = Field(1, ge=1, description="CPU-only hosts: VLLM_CPU_KVCACHE_SPACE")
     cpu_replica_niceness: int = Field(
@@ -108,8 +108,8 @@ class EmbeddingConfig(DeploymentConfig):
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto",
-        description="engine `padded`: `auto` is bfloat16 on a CPU with AMX, float32 on other CPUs, float16 on a GPU "
-        "(vLLM: `vllm.dtype`)",
+        description="engine `padded`: `auto` is bfloat16 on a CPU with AMX or AVX512-BF16, float32 on other CPUs, "
+        "float16 on a GPU (vLLM: `vllm.dtype`)",
     )
     cpu_threads: Literal["auto"] | int = Field(
         "auto", description="engine `padded`: CPU compute threads; `auto`: every usable core (vLLM: `vllm.cpu_threads`)"

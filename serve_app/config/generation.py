@@ -28,8 +28,8 @@ class VLLMSettings(Strict):
     max_model_len: int = Field(2_048, ge=16, description="the context length (on a GPU: the model's, e.g. 8192)")
     dtype: str = Field(
         "auto",
-        description="`auto`: the model's dtype on a GPU; on a CPU bfloat16 where it has AMX, float32 elsewhere "
-        "(where bfloat16 is emulated and slower)",
+        description="`auto`: the model's dtype on a GPU; on a CPU bfloat16 where it multiplies bfloat16 in hardware "
+        "(AMX or AVX512-BF16), float32 elsewhere (where bfloat16 is emulated and slower)",
     )
     enforce_eager: bool | None = Field(None, description="default: true on a CPU, false (CUDA graphs) on a GPU")
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="GPU: the share of memory vLLM takes")

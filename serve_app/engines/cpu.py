@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-NATIVE_BF16_FLAG = "amx_bf16"
-"""The CPU flag (Linux's name) of bfloat16 matrix units: Intel Xeon from Sapphire Rapids on."""
+NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+"""CPU flags (Linux's names) of bfloat16 multiplication in hardware: AMX's matrix units (Intel Xeon from Sapphire
+Rapids on) and AVX-512's bfloat16 dot products (AMD from Zen 4 on, Intel Xeon from Cooper Lake on)."""
 
 
 def cpu_flags() -> frozenset[str]:
@@ -22,9 +23,10 @@ def cpu_flags() -> frozenset[str]:
 
 
 def cpu_dtype(flags: Collection[str] | None = None) -> str:
-    """The dtype ``auto`` means on a CPU: bfloat16 where the CPU multiplies it in hardware (AMX), float32 elsewhere,
-    where bfloat16 is emulated and slower (about 6x for generation on an AVX2-only CPU, measured here). On 2
-    Sapphire Rapids cores bfloat16 gave generation 2.1x the output tok/s of float32 (vLLM's CPU build, the bundled
-    model, eager) and embeddings 1.9x the texts/s through vLLM's pooling runner and 1.5x through
-    sentence-transformers (docs/cpu-tuning.md, docs/embeddings.md)."""
-    return "bfloat16" if NATIVE_BF16_FLAG in (cpu_flags() if flags is None else flags) else "float32"
+    """The dtype ``auto`` means on a CPU: bfloat16 where the CPU multiplies it in hardware (AMX or AVX512-BF16),
+    float32 elsewhere, where bfloat16 is emulated and slower (about 6x for generation on an AVX2-only CPU, measured
+    here). Against float32 on 2 cores (vLLM's CPU build, the bundled models, eager), bfloat16 gave generation 2.1x
+    the output tok/s on Sapphire Rapids (AMX) and 1.6x on AMD EPYC Zen 4 (AVX512-BF16); embeddings 1.9x and 1.4x the
+    texts/s through vLLM's pooling runner, and 1.5x and 1.2x through sentence-transformers (docs/cpu-tuning.md,
+    docs/embeddings.md)."""
+    return "bfloat16" if NATIVE_BF16_FLAGS & set(cpu_flags() if flags is None else flags) else "float32"
