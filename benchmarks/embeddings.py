@@ -588,9 +588,8 @@ def measure_peer(
         with running(peer, workdir, 600, app_batcher) as (url, startup_s, marker):
             dtype = served_dtype(peer, url, tail(workdir / f"{peer}.log", 200_000))
             print(f"[embeddings] {peer} ready in {startup_s:.0f} s, in {dtype}", file=sys.stderr, flush=True)
-            # Warmed at the measured load: every step size a full load runs, compiled and cached before the clock
-            # starts (a first run after a lighter warm-up was up to 1.7x slower here, in one peer's run and not
-            # another's).
+            # Warmed at the measured load, so that the clock starts on a server that has already run steps as
+            # large as the load's (16 clients made smaller ones).
             warm = make_texts(WARM_TEXTS_PER_CLIENT * clients, seed=1)
             for per_request in sorted({SCENARIOS[s] for s in scenarios}):
                 asyncio.run(load(url, warm, per_request, clients, set(), timeout_s))
