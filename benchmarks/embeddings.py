@@ -137,13 +137,10 @@ def cores() -> int:
 
 def cpu_model() -> str:
     """This CPU's model name as /proc/cpuinfo gives it, with its bfloat16 units (what ``dtype: auto`` reads)."""
-    from serve_app.engines.cpu import NATIVE_BF16_FLAGS, cpu_flags
+    from serve_app.engines.cpu import NATIVE_BF16_FLAGS, cpu_flags, cpuinfo_field
 
-    name = "an unnamed CPU"
-    with suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
-        name = next((line.partition(":")[2].strip() for line in cpuinfo if line.startswith("model name")), name)
     units = sorted(NATIVE_BF16_FLAGS & cpu_flags())
-    return f"{name} ({', '.join(units) if units else 'no bfloat16 units'})"
+    return f"{cpuinfo_field('model name') or 'an unnamed CPU'} ({', '.join(units) or 'no bfloat16 units'})"
 
 
 def env() -> dict[str, str]:

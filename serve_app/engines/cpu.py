@@ -10,16 +10,22 @@ NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 Rapids on) and AVX-512's bfloat16 dot products (AMD from Zen 4 on, Intel Xeon from Cooper Lake on)."""
 
 
-def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags as Linux lists them in /proc/cpuinfo (none where there is no such file)."""
+def cpuinfo_field(key: str) -> str | None:
+    """The first value of ``key`` in /proc/cpuinfo (``flags``, ``model name``); None where there is none."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("flags"):
-                    return frozenset(line.partition(":")[2].split())
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux lists them in /proc/cpuinfo (none where there is no such file)."""
+    return frozenset((cpuinfo_field("flags") or "").split())
 
 
 def cpu_dtype(flags: Collection[str] | None = None) -> str:
@@ -29,4 +35,4 @@ def cpu_dtype(flags: Collection[str] | None = None) -> str:
     Rapids (AMX) generation 2.1x the output tok/s and embeddings 1.9x the texts/s through vLLM's pooling runner and
     1.5x through sentence-transformers; on AMD EPYC Zen 4 (AVX512-BF16) 1.6x, 1.4x and 1.7x (docs/cpu-tuning.md,
     docs/embeddings.md)."""
-    return "bfloat16" if NATIVE_BF16_FLAGS & set(cpu_flags() if flags is None else flags) else "float32"
+    return "float32" if NATIVE_BF16_FLAGS.isdisjoint(cpu_flags() if flags is None else flags) else "bfloat16"
