@@ -434,6 +434,7 @@ def http_door_check() -> None:
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 400, "stream": True}
+    job_prompts = 48
 
     async def prompts_held(app: str) -> dict[str, float]:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/{app}", timeout=60) as client:
@@ -460,7 +461,7 @@ def http_door_check() -> None:
         2026-11-26: 7 and 49 prompts, its report 2 s old)."""
         router = handle._router._asyncio_router.request_router
         reports = [r.routing_stats or {} for r in list(router._replicas.values())]
-        return any(float(report.get("prompts") or 0) >= 48 for report in reports)
+        return any(float(report.get("prompts") or 0) >= job_prompts for report in reports)
 
     def wait_until_routed_away(app: str, handle: Any, body: dict) -> None:
         """Until the job is in the replicas' reports as the routers have them, and HAProxy's router for ``app`` (its
@@ -470,14 +471,14 @@ def http_door_check() -> None:
 
         group = next(g for g in replica_groups() if g["app_name"] == app and g["protocol"] == "HTTP")
         url = f"http://127.0.0.1:{group['ingress_request_router_targets'][0]['port']}/internal/route"
-        deadline = time.monotonic() + 60
+        deadline, loaded = time.monotonic() + 60, loaded_replicas(app)
         while not routers_have_the_job(handle):
             assert time.monotonic() < deadline, "the job never showed in the reports the routers have"
             time.sleep(0.05)
         while True:
             assert time.monotonic() < deadline, "HAProxy's router never routed away from the job"
             picked = httpx.post(url, json=body, timeout=10).json()["replica_id"]
-            if not any(picked.endswith(name) for name in loaded_replicas(app)):
+            if not any(picked.endswith(name) for name in loaded):
                 return
 
     result = {}
@@ -494,7 +495,7 @@ def http_door_check() -> None:
         # Serve's controller relays each replica's report to the routers every second; nothing public shows when a
         # router has its first, and until then the token router falls back to power of two choices
         time.sleep(3.0)
-        job = handle.generate_batch.remote(["a long job prompt " * 8] * 48, max_tokens=1_024)
+        job = handle.generate_batch.remote(["a long job prompt " * 8] * job_prompts, max_tokens=1_024)
         while not loaded_replicas(router):  # the job sits in one replica's batcher before the chats come
             time.sleep(0.2)
         if router == "tokens":
