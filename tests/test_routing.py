@@ -26,6 +26,7 @@ from ray.serve._private.common import (
 )
 from ray.serve.request_router import PendingRequest
 
+from serve_app.serving import routing
 from serve_app.serving.request_cost import body_call, handle_cost, text_tokens
 from serve_app.serving.routing import TokenLoadRouter
 
@@ -39,7 +40,14 @@ class FakeReplica:
     """What a router reads from a ``RunningReplica``: its id, node, limits, routing statistics and queue length."""
 
     def __init__(
-        self, name: str, load: float = 0.0, age_s: float = 0.0, node: str = "node-b", queue: int = 0, prompts: int = 1
+        self,
+        name: str,
+        load: float = 0.0,
+        age_s: float = 0.0,
+        node: str = "node-b",
+        queue: int = 0,
+        prompts: int = 1,
+        at: float | None = None,
     ):
         self.replica_id = ReplicaID(unique_id=name, deployment_id=DEPLOYMENT)
         self.node_id = node
@@ -47,7 +55,7 @@ class FakeReplica:
         self.multiplexed_model_ids: set[str] = set()
         self.max_ongoing_requests = 100
         self.queue = queue  # what Serve's queue-length probe answers
-        self.report(load, age_s, prompts=prompts)
+        self.report(load, age_s, at=at, prompts=prompts)
 
     def report(self, load: float, age_s: float = 0.0, at: float | None = None, prompts: int = 1) -> None:
         """A new report, as ``Replica.record_routing_stats`` makes it (``at``: when it was measured)."""
@@ -239,9 +247,72 @@ async def test_a_report_measured_after_routing_replaces_the_delta_and_an_older_o
     replica.report(4_100, at=routed_at + 0.01)  # measured after: it already counts the request
     assert router.held_tokens(replica, time.time()) == 4_100
     router.on_request_completed(replica.replica_id, pending.metadata.internal_request_id)
-    assert router.held_tokens(replica, time.time()) == 4_100  # counted by the report: until the next one says
+    assert router.held_tokens(replica, time.time()) == 100  # it ended: off the report that counts it, at once
     replica.report(100, at=time.time() + 0.01)
     assert router.held_tokens(replica, time.time()) == 100
+
+
+async def test_an_end_comes_off_the_report_that_counted_it_until_a_report_measured_after_it(monkeypatch):
+    """Reports reach a router 1-2 s late: a replica that just finished a batch must not look full that long."""
+    clock = [time.time()]
+    monkeypatch.setattr(routing, "time", type("Clock", (), {"time": staticmethod(lambda: clock[0])}))
+
+    def tick() -> float:
+        clock[0] += 0.1
+        return clock[0]
+
+    a, b = FakeReplica("a", 0, at=clock[0]), FakeReplica("b", 0, at=clock[0])
+    router = await router_with(a, b, settle_s=0.0)
+    batch = request("generate_batch", ["x" * 400] * 48, max_tokens=256)  # 48 x (100 + 256) = 17,088 tokens
+    replica = await route(router, batch)
+    router.on_request_routed(batch, replica.replica_id, None)
+    other = b if replica is a else a
+    replica.report(17_088 + 200, at=tick())  # counts the batch, and 200 tokens of another router's
+    assert router.held_tokens(replica, tick()) == 17_288
+    chat = request("generate", "x" * 400, max_tokens=100)  # 200 tokens
+    assert await route(router, chat) is other
+    router.on_request_routed(chat, other.replica_id, None)
+
+    tick()
+    router.on_request_completed(replica.replica_id, batch.metadata.internal_request_id)
+    assert router.held_tokens(replica, tick()) == 200  # at once: not 17,288 until the next report
+    assert await route(router, request("generate", "x" * 40, max_tokens=10)) is replica  # 20 < 200 + 200
+    replica.report(17_288, at=clock[0] - 0.25)  # measured before the end: the end still comes off it
+    assert router.held_tokens(replica, tick()) == 200 + 20
+    replica.report(150, at=tick())  # measured after the end: it shows what is left (the 20 included)
+    assert router.held_tokens(replica, tick()) == 150
+
+    # a report that counted only part of what ended (a batch's prompts end one by one): never below zero
+    other.report(120, at=tick())  # counts 120 of the chat's 200 tokens
+    tick()
+    router.on_request_completed(other.replica_id, chat.metadata.internal_request_id)
+    assert router.held_tokens(other, tick()) == 0
+    other.report(0, at=tick())
+    assert router.held_tokens(other, tick()) == 0
+    assert router._books[other.replica_id].gone == [] and chat.metadata.internal_request_id not in router._open
+
+
+async def test_a_unary_call_confirmed_with_its_answer_is_not_counted_again(monkeypatch):
+    """Over gRPC (serve.env) Serve confirms a unary call's replica (``on_request_routed``) when its answer arrives,
+    after ``on_request_completed``: a batch that just ended must not come back as held for another report."""
+    clock = [time.time()]
+    monkeypatch.setattr(routing, "time", type("Clock", (), {"time": staticmethod(lambda: clock[0])}))
+    a = FakeReplica("a", 0, at=clock[0])
+    router = await router_with(a, settle_s=0.0)
+    batch = request("generate_batch", ["x" * 400] * 48, max_tokens=256)  # 17,088 tokens
+    assert await route(router, batch) is a  # counted from the choice: no confirmation while it runs
+    clock[0] += 1.0
+    a.report(17_088, at=clock[0])  # the report counts it
+    clock[0] += 5.0
+    a.report(17_088, at=clock[0])
+    clock[0] += 0.5
+    router.on_request_completed(a.replica_id, batch.metadata.internal_request_id)
+    router.on_request_routed(batch, a.replica_id, None)  # the answer arrives, with its confirmation
+    assert router.held_tokens(a, clock[0]) == 0
+    clock[0] += 0.5
+    a.report(0, at=clock[0])
+    assert router.held_tokens(a, clock[0]) == 0
+    assert not router._open and not router._books[a.replica_id].fresh
 
 
 async def test_a_report_within_settle_s_of_routing_does_not_replace_the_delta_yet():
@@ -404,6 +475,11 @@ def test_token_router_balances_tokens_held_across_nodes_better_than_serves_route
         assert run["samples"] >= 10
     tokens, serve = result["tokens"], result["serve"]
     assert tokens["spread_mean"] < serve["spread_mean"], (tokens["spread_mean"], serve["spread_mean"])
+    # Until 2026-11-27 this failed now and then (16,276 against 16,052 in one fresh clone; 2 in 10 runs by hand):
+    # the router counted a batch that had just ended as still held until the next report (1-2 s), and over gRPC
+    # counted it once more when Serve confirmed its replica with the answer, so the next batch went beside a busy
+    # one. Since that fix the token router's spread was 14,029-14,195 in four runs, at this scenario's floor (one
+    # long batch), and no replica held more than its budget; Serve's router's 17,345-19,479 (15,535 its lowest seen).
     # Not the p90: a 48-prompt batch cannot be split, so whenever one has just landed the spread is one batch's
     # tokens under either router, and that is what this scenario's p90 measures: in two of three runs on
     # 2026-11-26 the token router's was the larger, by under 0.5% (18,786 against 18,703; 18,841 against 18,761).

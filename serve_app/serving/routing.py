@@ -15,9 +15,13 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
   the burst behind it goes elsewhere. A request is counted from the moment it is *chosen* (a burst is routed
   back to back, before any replica answers), moved to the replica that took it (``on_request_routed``) and
   dropped when it completes (``on_request_completed``) or once a report measured after it was routed (plus
-  ``settle_s`` for it to reach the replica's batcher) arrives: that report already counts it. Reports are timed
-  by the replica's clock (``at``), routing by the router's (a report is never taken as newer than when it was
-  seen): hosts are assumed to agree to well under a second.
+  ``settle_s`` for it to reach the replica's batcher) arrives: that report already counts it. The same the other
+  way: a request that completes after a report counted it comes off that report at once, until a report
+  measured after its end arrives (reports reach a router 1-2 s late, and a replica that just finished a batch
+  would look full for that long). Over gRPC (serve.env) a unary handle call's replica confirms it
+  (``on_request_routed``) only with its answer, after it completed: that late confirmation is ignored. Reports
+  are timed by the replica's clock (``at``), routing by the router's (a report is never taken as newer than
+  when it was seen): hosts are assumed to agree to well under a second.
 - **Ranking**: by ``(held + cost) / token_budget``, the share of its budget a replica would hold with this
   request (plain tokens when a replica reports no budget), lowest first. Replicas within ``tie_fraction`` of
   each other tie; ties go to the local node or zone first (only where the router prefers locality, as the
@@ -69,7 +73,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("serve_app")
 
 MAX_CHOICES = 10_000
-"""Requests chosen but never confirmed routed (cancelled while queued) are forgotten beyond this many."""
+"""Requests chosen but never confirmed routed, or never completed (cancelled while queued), are forgotten beyond
+this many."""
 
 
 def _key(request: PendingRequest) -> tuple[int, float]:
@@ -110,6 +115,8 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self.unknown_cost = float(unknown_cost if unknown_cost is not None else 128 + default_max_tokens)
         self._books: dict[ReplicaID, Books] = {}  # per replica: what its report does not show yet
         self._chosen: dict[tuple[int, float], Routed] = {}  # by _key(request): chosen, not yet seen routed
+        self._open: dict[str, Routed] = {}  # by internal request id: chosen or routed, not completed
+        self._ended: dict[str, float] = {}  # by internal request id: completed (when), for a late confirmation
         self._degraded = False
 
     # -- Cost and load --------------------------------------------------------------------------------------
@@ -129,17 +136,24 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         return self.unknown_cost if cost is None else cost
 
     def held_tokens(self, replica: RunningReplica, now: float) -> float | None:
-        """Tokens ``replica`` holds: its last report plus what was sent to it since (and has not completed);
-        ``None`` when that report is missing or stale."""
+        """Tokens ``replica`` holds: its last report, less what it counts that has completed since, plus what was
+        sent to it since (and has not completed); ``None`` when that report is missing or stale."""
+        load = self._report(replica, now)
+        if load is None:
+            return None
+        books = self._books.get(replica.replica_id)
+        return load if books is None else books.held(load)
+
+    def _report(self, replica: RunningReplica, now: float) -> float | None:
+        """The token load of ``replica``'s latest report, which its books take in (``None``: none, or stale)."""
         stats = replica.routing_stats or {}
         load, at = stats.get(TOKEN_LOAD), stats.get("at")
         if not isinstance(load, (int, float)) or not isinstance(at, (int, float)) or now - at > self.stale_after_s:
             return None
         books = self._books.get(replica.replica_id)
-        if books is None:
-            return float(load)
-        books.report(at, now)
-        return float(load) + books.delta
+        if books is not None:
+            books.report(at, now)
+        return float(load)
 
     def rank(
         self, replicas: Sequence[RunningReplica], held: dict[ReplicaID, float], cost: float
@@ -159,7 +173,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             here = self._prefer_local_node_routing and node is not None and r.node_id == node
             near = self._prefer_local_az_routing and zone is not None and r.availability_zone == zone
             books = self._books.get(r.replica_id)
-            queue = float((r.routing_stats or {}).get(PROMPTS) or 0) + (books.requests if books else 0)
+            queue = max(0.0, float((r.routing_stats or {}).get(PROMPTS) or 0) + (books.requests if books else 0))
             return 0 if here else 1 if near else 2, queue, random.random()
 
         ranked: list[RunningReplica] = []
@@ -214,21 +228,39 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidates, request)  # type: ignore[arg-type]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
-        """The replica took the request: count it there from now until a report counts it."""
+        """The replica took the request: count it there from now until a report counts it (unless it has
+        completed already: a unary call over gRPC is confirmed with its answer)."""
         chosen = self._chosen.pop(_key(pending_request), None)
         internal_id = pending_request.metadata.internal_request_id
-        if chosen is None or chosen.internal_id != internal_id:
+        if chosen is not None and chosen.internal_id != internal_id:
+            chosen = None
+        if internal_id in self._ended:
+            return
+        if chosen is None:
             chosen = Routed(internal_id, self.estimate_cost(pending_request), replica_id, 0.0)
         else:
             self._book(chosen.replica_id).remove(chosen)
         chosen.replica_id, chosen.at, chosen.routed = replica_id, time.time(), True
         self._book(replica_id).add(chosen)
+        self._remember(chosen)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        """It finished (or was refused): it holds nothing there any more."""
-        books = self._books.get(replica_id)
-        if books is not None:
-            books.complete(internal_request_id)
+        """It finished (or was refused): it holds nothing there any more, and the replica's latest report, if
+        measured while it ran, holds that much less."""
+        now = time.time()
+        self._ended[internal_request_id] = now
+        while self._ended and next(iter(self._ended.values())) < now - self.stale_after_s:
+            del self._ended[next(iter(self._ended))]  # a late confirmation comes within milliseconds
+        routed = self._open.pop(internal_request_id, None)
+        if routed is None:
+            return
+        if routed.replica_id != replica_id:  # it was counted where it was chosen, and ran elsewhere
+            self._book(routed.replica_id).remove(routed)
+            routed = Routed(routed.internal_id, routed.cost, replica_id, routed.at, routed.routed)
+        replica = self._replicas.get(replica_id)
+        if replica is not None:
+            self._report(replica, now)  # weigh the end against the report the router has now
+        self._book(replica_id).complete(routed, now)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
@@ -259,3 +291,12 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             self._chosen = {key: c for key, c in self._chosen.items() if c.at > cutoff}
         self._chosen[key] = chosen
         self._book(chosen.replica_id).add(chosen)
+        self._ended.pop(chosen.internal_id, None)  # chosen again: refused by a replica, now retried
+        self._remember(chosen)
+
+    def _remember(self, routed: Routed) -> None:
+        """Keep ``routed`` until it completes (the latest choice or confirmation of its request)."""
+        self._open.pop(routed.internal_id, None)
+        self._open[routed.internal_id] = routed  # newest last
+        if len(self._open) > MAX_CHOICES:  # never completed (given up before it was sent): the oldest go
+            del self._open[next(iter(self._open))]
