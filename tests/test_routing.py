@@ -475,7 +475,7 @@ def test_token_router_balances_tokens_held_across_nodes_better_than_serves_route
         assert run["samples"] >= 10
     tokens, serve = result["tokens"], result["serve"]
     assert tokens["spread_mean"] < serve["spread_mean"], (tokens["spread_mean"], serve["spread_mean"])
-    # Until 2026-11-27 this failed now and then (16,276 against 16,052 in one fresh clone; 2 in 10 runs by hand):
+    # Until 2026-11-27 this failed now and then (16,276 against 16,052 in one fresh clone; 2 of 14 runs by hand):
     # the router counted a batch that had just ended as still held until the next report (1-2 s), and over gRPC
     # counted it once more when Serve confirmed its replica with the answer, so the next batch went beside a busy
     # one. Since that fix the token router's spread was 14,029-14,195 in four runs, at this scenario's floor (one
