@@ -26,7 +26,6 @@ from ray.serve._private.common import (
 )
 from ray.serve.request_router import PendingRequest
 
-from serve_app.serving import routing
 from serve_app.serving.request_cost import body_call, handle_cost, text_tokens
 from serve_app.serving.routing import TokenLoadRouter
 
@@ -252,10 +251,9 @@ async def test_a_report_measured_after_routing_replaces_the_delta_and_an_older_o
     assert router.held_tokens(replica, time.time()) == 100
 
 
-async def test_an_end_comes_off_the_report_that_counted_it_until_a_report_measured_after_it(monkeypatch):
+async def test_an_end_comes_off_the_report_that_counted_it_until_a_report_measured_after_it():
     """Reports reach a router 1-2 s late: a replica that just finished a batch must not look full that long."""
     clock = [time.time()]
-    monkeypatch.setattr(routing, "time", type("Clock", (), {"time": staticmethod(lambda: clock[0])}))
 
     def tick() -> float:
         clock[0] += 0.1
@@ -263,6 +261,7 @@ async def test_an_end_comes_off_the_report_that_counted_it_until_a_report_measur
 
     a, b = FakeReplica("a", 0, at=clock[0]), FakeReplica("b", 0, at=clock[0])
     router = await router_with(a, b, settle_s=0.0)
+    router._clock = lambda: clock[0]
     batch = request("generate_batch", ["x" * 400] * 48, max_tokens=256)  # 48 x (100 + 256) = 17,088 tokens
     replica = await route(router, batch)
     router.on_request_routed(batch, replica.replica_id, None)
@@ -292,13 +291,13 @@ async def test_an_end_comes_off_the_report_that_counted_it_until_a_report_measur
     assert router._books[other.replica_id].gone == [] and chat.metadata.internal_request_id not in router._open
 
 
-async def test_a_unary_call_confirmed_with_its_answer_is_not_counted_again(monkeypatch):
+async def test_a_unary_call_confirmed_with_its_answer_is_not_counted_again():
     """Over gRPC (serve.env) Serve confirms a unary call's replica (``on_request_routed``) when its answer arrives,
     after ``on_request_completed``: a batch that just ended must not come back as held for another report."""
     clock = [time.time()]
-    monkeypatch.setattr(routing, "time", type("Clock", (), {"time": staticmethod(lambda: clock[0])}))
     a = FakeReplica("a", 0, at=clock[0])
     router = await router_with(a, settle_s=0.0)
+    router._clock = lambda: clock[0]
     batch = request("generate_batch", ["x" * 400] * 48, max_tokens=256)  # 17,088 tokens
     assert await route(router, batch) is a  # counted from the choice: no confirmation while it runs
     clock[0] += 1.0

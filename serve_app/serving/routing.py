@@ -118,6 +118,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._open: dict[str, Routed] = {}  # by internal request id: chosen or routed, not completed
         self._ended: dict[str, float] = {}  # by internal request id: completed (when), for a late confirmation
         self._degraded = False
+        self._clock = time.time  # the router's clock (reports carry the replica's): a test may set its own
 
     # -- Cost and load --------------------------------------------------------------------------------------
 
@@ -194,7 +195,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         choices where a report is missing or stale, or for a multiplexed model."""
         if not candidate_replicas or pending_request is None or pending_request.metadata.multiplexed_model_id:
             return await self._power_of_two(candidate_replicas, pending_request)
-        now = time.time()
+        now = self._clock()
         held = {r.replica_id: self.held_tokens(r, now) for r in candidate_replicas}
         if any(h is None for h in held.values()):
             if not self._degraded:
@@ -240,14 +241,14 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             chosen = Routed(internal_id, self.estimate_cost(pending_request), replica_id, 0.0)
         else:
             self._book(chosen.replica_id).remove(chosen)
-        chosen.replica_id, chosen.at, chosen.routed = replica_id, time.time(), True
+        chosen.replica_id, chosen.at, chosen.routed = replica_id, self._clock(), True
         self._book(replica_id).add(chosen)
         self._remember(chosen)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """It finished (or was refused): it holds nothing there any more, and the replica's latest report, if
         measured while it ran, holds that much less."""
-        now = time.time()
+        now = self._clock()
         self._ended[internal_request_id] = now
         while self._ended and next(iter(self._ended.values())) < now - self.stale_after_s:
             del self._ended[next(iter(self._ended))]  # a late confirmation comes within milliseconds
