@@ -288,7 +288,9 @@ async def test_an_end_comes_off_the_report_that_counted_it_until_a_report_measur
     assert router.held_tokens(other, tick()) == 0
     other.report(0, at=tick())
     assert router.held_tokens(other, tick()) == 0
-    assert router._books[other.replica_id].gone == [] and chat.metadata.internal_request_id not in router._open
+    assert router._ledger.books[other.replica_id].gone == [] and not router._ledger.is_open(
+        chat.metadata.internal_request_id
+    )
 
 
 async def test_a_unary_call_confirmed_with_its_answer_is_not_counted_again():
@@ -311,7 +313,7 @@ async def test_a_unary_call_confirmed_with_its_answer_is_not_counted_again():
     clock[0] += 0.5
     a.report(0, at=clock[0])
     assert router.held_tokens(a, clock[0]) == 0
-    assert not router._open and not router._books[a.replica_id].fresh
+    assert not router._ledger and not router._ledger.books[a.replica_id].fresh
 
 
 async def test_a_report_within_settle_s_of_routing_does_not_replace_the_delta_yet():
@@ -358,7 +360,7 @@ async def test_completed_and_refused_requests_leave_the_delta():
     assert router.held_tokens(target, time.time()) >= 2_000
     target.report(0, at=time.time() + 1)
     assert router.held_tokens(target, time.time() + 1) == 0
-    assert abandoned.metadata.internal_request_id not in router._books[target.replica_id].fresh
+    assert abandoned.metadata.internal_request_id not in router._ledger.books[target.replica_id].fresh
 
 
 # -- Stale statistics, tie-breaks ---------------------------------------------------------------------------
@@ -436,9 +438,9 @@ async def test_replicas_that_leave_take_their_books_with_them():
     replica = await route(router, pending)
     router.on_request_routed(pending, replica.replica_id, None)
     router.update_replicas([r for r in (a, b) if r is not replica])
-    assert replica.replica_id not in router._books
+    assert replica.replica_id not in router._ledger.books
     router.on_replica_actor_died(a.replica_id)
-    assert a.replica_id not in router._books
+    assert a.replica_id not in router._ledger.books
 
 
 def test_the_app_config_selects_the_router_and_serve_can_load_it():

@@ -41,8 +41,8 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
   choices on ongoing requests, with its locality preference).
 
 Every process that routes (the HTTP proxy, each handle's owner) imports this module: it imports nothing of the
-app but two metric names, the cost estimates (:mod:`serve_app.serving.request_cost`) and its books of what it
-sent each replica since its report (:mod:`serve_app.serving.routing_books`).
+app but two metric names, the cost estimates (:mod:`serve_app.serving.request_cost`) and its ledger of what it
+sent each replica (:mod:`serve_app.serving.routing_books`).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import logging
 import random
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
@@ -65,16 +66,12 @@ from ray.serve.request_router import (
 
 from .autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD
 from .request_cost import asgi_scope, handle_cost, http_cost
-from .routing_books import Books, Routed
+from .routing_books import Ledger, Routed
 
 if TYPE_CHECKING:
     from ray.serve._private.replica_result import ReplicaResult
 
 logger = logging.getLogger("serve_app")
-
-MAX_CHOICES = 10_000
-"""Requests chosen but never confirmed routed, or never completed (cancelled while queued), are forgotten beyond
-this many."""
 
 
 def _key(request: PendingRequest) -> tuple[int, float]:
@@ -113,10 +110,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self.settle_s = settle_s
         self.tie_fraction = tie_fraction
         self.unknown_cost = float(unknown_cost if unknown_cost is not None else 128 + default_max_tokens)
-        self._books: dict[ReplicaID, Books] = {}  # per replica: what its report does not show yet
-        self._chosen: dict[tuple[int, float], Routed] = {}  # by _key(request): chosen, not yet seen routed
-        self._open: dict[str, Routed] = {}  # by internal request id: chosen or routed, not completed
-        self._ended: dict[str, float] = {}  # by internal request id: completed (when), for a late confirmation
+        self._ledger = Ledger(settle_s, stale_after_s)  # what was sent where, until it completes
         self._degraded = False
         self._clock = time.time  # the router's clock (reports carry the replica's): a test may set its own
 
@@ -142,7 +136,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         load = self._report(replica, now)
         if load is None:
             return None
-        books = self._books.get(replica.replica_id)
+        books = self._ledger.books.get(replica.replica_id)
         return load if books is None else books.held(load)
 
     def _report(self, replica: RunningReplica, now: float) -> float | None:
@@ -151,7 +145,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         load, at = stats.get(TOKEN_LOAD), stats.get("at")
         if not isinstance(load, (int, float)) or not isinstance(at, (int, float)) or now - at > self.stale_after_s:
             return None
-        books = self._books.get(replica.replica_id)
+        books = self._ledger.books.get(replica.replica_id)
         if books is not None:
             books.report(at, now)
         return float(load)
@@ -173,7 +167,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         def tie_break(r: RunningReplica) -> tuple[int, float, float]:
             here = self._prefer_local_node_routing and node is not None and r.node_id == node
             near = self._prefer_local_az_routing and zone is not None and r.availability_zone == zone
-            books = self._books.get(r.replica_id)
+            books = self._ledger.books.get(r.replica_id)
             queue = max(0.0, float((r.routing_stats or {}).get(PROMPTS) or 0) + (books.requests if books else 0))
             return 0 if here else 1 if near else 2, queue, random.random()
 
@@ -214,12 +208,11 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if self._degraded:
             logger.info("token router: every replica reports; routing by tokens again")
             self._degraded = False
-        previous = self._chosen.get(_key(pending_request))
-        internal_id = pending_request.metadata.internal_request_id
-        same = previous is not None and previous.internal_id == internal_id
-        cost = previous.cost if same else self.estimate_cost(pending_request)  # type: ignore[union-attr]
+        key, internal_id = _key(pending_request), pending_request.metadata.internal_request_id
+        previous = self._ledger.previous(key, internal_id)
+        cost = previous.cost if previous is not None else self.estimate_cost(pending_request)
         ranked = self.rank(candidate_replicas, held, cost)  # type: ignore[arg-type]
-        self._count(pending_request, Routed(internal_id, cost, ranked[0].replica_id, now))
+        self._ledger.choose(key, Routed(internal_id, cost, ranked[0].replica_id, now))
         pending_request.routing_context.should_backoff = True  # back off between passes when every replica is full
         return [[replica] for replica in ranked]
 
@@ -231,73 +224,26 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
         """The replica took the request: count it there from now until a report counts it (unless it has
         completed already: a unary call over gRPC is confirmed with its answer)."""
-        chosen = self._chosen.pop(_key(pending_request), None)
         internal_id = pending_request.metadata.internal_request_id
-        if chosen is not None and chosen.internal_id != internal_id:
-            chosen = None
-        if internal_id in self._ended:
-            return
-        if chosen is None:
-            chosen = Routed(internal_id, self.estimate_cost(pending_request), replica_id, 0.0)
-        else:
-            self._book(chosen.replica_id).remove(chosen)
-        chosen.replica_id, chosen.at, chosen.routed = replica_id, self._clock(), True
-        self._book(replica_id).add(chosen)
-        self._remember(chosen)
+        cost = partial(self.estimate_cost, pending_request)
+        self._ledger.routed(_key(pending_request), internal_id, replica_id, cost, self._clock())
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """It finished (or was refused): it holds nothing there any more, and the replica's latest report, if
         measured while it ran, holds that much less."""
         now = self._clock()
-        self._ended[internal_request_id] = now
-        while self._ended and next(iter(self._ended.values())) < now - self.stale_after_s:
-            del self._ended[next(iter(self._ended))]  # a late confirmation comes within milliseconds
-        routed = self._open.pop(internal_request_id, None)
+        routed = self._ledger.end(internal_request_id, replica_id, now)
         if routed is None:
             return
-        if routed.replica_id != replica_id:  # it was counted where it was chosen, and ran elsewhere
-            self._book(routed.replica_id).remove(routed)
-            routed = Routed(routed.internal_id, routed.cost, replica_id, routed.at, routed.routed)
         replica = self._replicas.get(replica_id)
         if replica is not None:
             self._report(replica, now)  # weigh the end against the report the router has now
-        self._book(replica_id).complete(routed, now)
+        self._ledger.book(replica_id).complete(routed, now)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        for gone in set(self._books) - self._replica_id_set:
-            del self._books[gone]
+        self._ledger.forget(set(self._ledger.books) - self._replica_id_set)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self._books.pop(replica_id, None)
-
-    # -- Bookkeeping ----------------------------------------------------------------------------------------
-
-    def _book(self, replica_id: ReplicaID) -> Books:
-        books = self._books.get(replica_id)
-        if books is None:
-            books = self._books[replica_id] = Books(self.settle_s)
-        return books
-
-    def _count(self, request: PendingRequest, chosen: Routed) -> None:
-        """Count ``request`` at the replica it was just ranked first for (a burst chosen back to back spreads
-        before any of it reaches a replica); a second pass for the same request moves it."""
-        key = _key(request)
-        previous = self._chosen.get(key)
-        if previous is not None:
-            self._book(previous.replica_id).remove(previous)
-        if len(self._chosen) >= MAX_CHOICES:
-            cutoff = chosen.at - self.stale_after_s
-            self._chosen = {key: c for key, c in self._chosen.items() if c.at > cutoff}
-        self._chosen[key] = chosen
-        self._book(chosen.replica_id).add(chosen)
-        self._ended.pop(chosen.internal_id, None)  # chosen again: refused by a replica, now retried
-        self._remember(chosen)
-
-    def _remember(self, routed: Routed) -> None:
-        """Keep ``routed`` until it completes (the latest choice or confirmation of its request)."""
-        self._open.pop(routed.internal_id, None)
-        self._open[routed.internal_id] = routed  # newest last
-        if len(self._open) > MAX_CHOICES:  # never completed (given up before it was sent): the oldest go
-            del self._open[next(iter(self._open))]
+        self._ledger.forget({replica_id})
