@@ -17,11 +17,12 @@ import pytest
 from serve_app.config import VLLMSettings
 from serve_app.config.embeddings import PoolingSettings
 from serve_app.engines.async_llm import reserved_cores, spin_count, step_tokens
+from serve_app.engines.cpu import GLOO_LOOP_THREAD, idle_gloo_threads
 
 SCRIPT = textwrap.dedent(
     """
     import json, os, threading
-    from serve_app.engines.async_llm import yield_cores
+    from serve_app.engines.cpu import yield_cores
 
     def niceness():
         return sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")})
@@ -60,6 +61,68 @@ def test_yield_cores_lowers_every_thread_and_those_started_later_and_never_raise
     assert seen["after"] == [high]  # both threads, not only the caller
     assert seen["late"] == [high]  # a thread started afterwards inherits it
     assert seen["after_lower"] == [high]  # asking for less leaves them where they are
+
+
+GLOO_SCRIPT = textwrap.dedent(
+    """
+    import json, subprocess, sys, threading
+
+    def named(name, tids, ready):
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
+            comm.write(name)
+        tids.append(threading.get_native_id())
+        ready.set()
+        threading.Event().wait()
+
+    gloo, other = [], []
+    for name, tids in ((sys.argv[1], gloo), ("pt_gloo_runloop", other)):
+        ready = threading.Event()
+        threading.Thread(target=named, args=(name, tids, ready), daemon=True).start()
+        ready.wait()
+    if sys.argv[2] == "parent":  # and a child of its own, as vLLM's EngineCore has its worker
+        leaf = subprocess.Popen([sys.executable, "-c", sys.argv[3], sys.argv[1], "leaf", ""], stdout=subprocess.PIPE,
+                                text=True)
+        below = json.loads(leaf.stdout.readline())
+        gloo, other = gloo + below["gloo"], other + below["other"]
+    print(json.dumps({"gloo": gloo, "other": other}), flush=True)
+    sys.stdin.read()  # until the test is done
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_idle_gloo_threads_quiets_the_gloo_threads_of_every_process_below_and_nothing_else():
+    """vLLM's worker is the replica's grandchild (replica -> EngineCore -> Worker): its gloo transport threads go to
+    SCHED_IDLE, every other thread keeps its policy, and so do this process's own threads of that name."""
+    import threading
+
+    ready, stop = threading.Event(), threading.Event()
+
+    def own() -> None:
+        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as comm:
+            comm.write(GLOO_LOOP_THREAD)
+        ready.set()
+        stop.wait()
+
+    mine = threading.Thread(target=own, daemon=True)
+    mine.start()
+    ready.wait()
+    child = subprocess.Popen(
+        [sys.executable, "-c", GLOO_SCRIPT, GLOO_LOOP_THREAD, "parent", GLOO_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        tids = json.loads(child.stdout.readline())
+        assert len(tids["gloo"]) == 2 and len(tids["other"]) == 2  # the child's and the grandchild's
+        assert idle_gloo_threads() == 2
+        assert [os.sched_getscheduler(t) for t in tids["gloo"]] == [os.SCHED_IDLE] * 2
+        assert [os.sched_getscheduler(t) for t in tids["other"]] == [os.SCHED_OTHER] * 2
+        assert os.sched_getscheduler(mine.native_id) == os.SCHED_OTHER  # not below this process: its own
+    finally:
+        stop.set()
+        child.communicate("", timeout=30)
 
 
 @pytest.mark.parametrize(

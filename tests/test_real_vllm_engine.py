@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 
@@ -205,6 +206,35 @@ def test_the_engine_computes_in_bfloat16_only_where_the_cpu_multiplies_it_in_har
     assert cpu_dtype() == ("bfloat16" if NATIVE_BF16_FLAGS & cpu_flags() else "float32")
     # In bfloat16, rotary embeddings in PyTorch: vLLM-CPU's kernel turned the France answer above into "L'Étoile".
     assert ("-rotary_embedding" in config.compilation_config.custom_ops) == (cpu_dtype() == "bfloat16")
+
+
+def test_the_engines_gloo_threads_run_at_sched_idle_once_it_has_started(engine):
+    """vLLM's worker (a grandchild of the process holding the engine) has made its gloo process groups by the time
+    the engine starts, and every one of their transport threads is at SCHED_IDLE (``vllm.cpu_idle_gloo_threads``);
+    the model's compute threads are not."""
+    from serve_app.engines.cpu import GLOO_LOOP_THREAD
+
+    policies: dict[str, list[int]] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or not Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::Worker"):
+            continue
+        if not _below(int(pid), os.getpid()):
+            continue
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            policies.setdefault(name, []).append(os.sched_getscheduler(int(tid)))
+    assert policies.get(GLOO_LOOP_THREAD), f"no gloo thread in this engine's worker: {sorted(policies)}"
+    assert set(policies[GLOO_LOOP_THREAD]) == {os.SCHED_IDLE}
+    assert set(policies["VLLM::Worker"]) == {os.SCHED_OTHER}  # the worker's main and compute threads
+
+
+def _below(pid: int, root: int) -> bool:
+    """Whether process ``pid`` descends from ``root``."""
+    while pid > 1:
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if pid == root:
+            return True
+    return False
 
 
 def test_bare_vllm_peers_compute_as_the_app_does():

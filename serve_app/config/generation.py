@@ -55,6 +55,13 @@ class VLLMSettings(Strict):
         "vLLM's scheduler, the replica and Ray waiting (2 cores: a chat's TTFT p99 alone 0.40 s against 1.1-2.5 s); "
         "libgomp's own where a core is reserved",
     )
+    cpu_idle_gloo_threads: bool = Field(
+        True,
+        description="CPU-only hosts, one worker (no tensor, pipeline or data parallelism): torch's gloo transport "
+        "threads in vLLM's worker, which then carry nothing but wake 1,300 times a second, run at SCHED_IDLE, so "
+        "that they no longer take a core from the model mid-step (2 cores, one text a request to the embedding app: "
+        "the compute threads' largest single source of preemptions; docs/cpu-tuning.md)",
+    )
     cpu_replica_niceness: int = Field(
         0,
         ge=0,

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..config import VLLMSettings
 from .base import EngineDeadError
-from .cpu import cpu_dtype
+from .cpu import cpu_dtype, idle_gloo_threads, yield_cores
 
 logger = logging.getLogger(__name__)
 
@@ -73,21 +73,6 @@ def scoped_environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def yield_cores(niceness: int) -> None:
-    """Run this process at ``niceness`` from now on (never lower than it is: that needs privileges). Linux
-    keeps a niceness per thread, so each thread is set; threads started later inherit their creator's. The
-    engine processes already started keep theirs."""
-    try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:  # no /proc (not Linux): niceness is per process there
-        threads = [0]
-    for tid in threads:
-        try:
-            os.setpriority(os.PRIO_PROCESS, tid, max(niceness, os.getpriority(os.PRIO_PROCESS, tid)))
-        except OSError:  # a thread that ended meanwhile
-            continue
 
 
 SMALL_HOST_CORES = 2  # at most this many usable cores: `auto` reserves none for vLLM's scheduler
@@ -185,6 +170,11 @@ def start_async_llm(
     # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
     with scoped_environ(start_env):  # the engine's processes are spawned (and inherit it) before this returns
         llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
+    workers = 1
+    for size in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        workers *= int(args.get(size) or 1)
+    if not on_gpu and settings.cpu_idle_gloo_threads and workers == 1:  # with more, gloo carries their traffic
+        logger.info("vLLM's gloo transport threads now at SCHED_IDLE: %d", idle_gloo_threads())
     if not on_gpu and settings.cpu_replica_niceness > 0:
         # On a CPU the engine's threads compute on every core, and a step waits for its slowest thread, so
         # whatever runs beside them stalls the whole step. The replica's own work (HTTP, streaming,
