@@ -212,13 +212,13 @@ def test_the_engines_gloo_threads_run_at_sched_idle_once_it_has_started(engine):
     """vLLM's worker (a grandchild of the process holding the engine) has made its gloo process groups by the time
     the engine starts, and every one of their transport threads is at SCHED_IDLE (``vllm.cpu_idle_gloo_threads``);
     the model's compute threads are not."""
+    from benchmarks.procs import descendants, read_proc
     from serve_app.engines.cpu import GLOO_LOOP_THREAD
 
+    table = {int(pid): proc for pid in os.listdir("/proc") if pid.isdigit() and (proc := read_proc(int(pid)))}
     policies: dict[str, list[int]] = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or not Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::Worker"):
-            continue
-        if not _below(int(pid), os.getpid()):
+    for pid in descendants(table, [os.getpid()]):
+        if not table[pid].title.startswith("VLLM::Worker"):
             continue
         for tid in os.listdir(f"/proc/{pid}/task"):
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
@@ -226,15 +226,6 @@ def test_the_engines_gloo_threads_run_at_sched_idle_once_it_has_started(engine):
     assert policies.get(GLOO_LOOP_THREAD), f"no gloo thread in this engine's worker: {sorted(policies)}"
     assert set(policies[GLOO_LOOP_THREAD]) == {os.SCHED_IDLE}
     assert set(policies["VLLM::Worker"]) == {os.SCHED_OTHER}  # the worker's main and compute threads
-
-
-def _below(pid: int, root: int) -> bool:
-    """Whether process ``pid`` descends from ``root``."""
-    while pid > 1:
-        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        if pid == root:
-            return True
-    return False
 
 
 def test_bare_vllm_peers_compute_as_the_app_does():

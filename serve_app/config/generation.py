@@ -88,6 +88,11 @@ class VLLMSettings(Strict):
         default_factory=dict, description="anything else for `vllm.AsyncEngineArgs` (e.g. tensor_parallel_size)"
     )
 
+    def parallelism(self) -> int:
+        """The engine's workers: vLLM's tensor_parallel_size x pipeline_parallel_size (``engine_args``)."""
+        args = self.engine_args
+        return int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+
 
 class SimulatedSettings(Strict):
     """The SIMULATED engine (no model, for tests and benchmarks): deterministic text, time from a cost model.
@@ -213,8 +218,7 @@ class AppConfig(DeploymentConfig):
 
     def parallelism(self) -> int:
         """The engine's workers: vLLM's tensor_parallel_size x pipeline_parallel_size."""
-        args = self.vllm.engine_args
-        return int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+        return self.vllm.parallelism()
 
     def _check_placement(self, placement: PlacementSettings) -> None:
         if placement.workers != "auto" and placement.workers != self.parallelism():

@@ -170,9 +170,7 @@ def start_async_llm(
     # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
     with scoped_environ(start_env):  # the engine's processes are spawned (and inherit it) before this returns
         llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
-    workers = 1
-    for size in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        workers *= int(args.get(size) or 1)
+    workers = settings.parallelism() * int(settings.engine_args.get("data_parallel_size", 1))
     if not on_gpu and settings.cpu_idle_gloo_threads and workers == 1:  # with more, gloo carries their traffic
         logger.info("vLLM's gloo transport threads now at SCHED_IDLE: %d", idle_gloo_threads())
     if not on_gpu and settings.cpu_replica_niceness > 0:

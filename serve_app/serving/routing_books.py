@@ -146,9 +146,8 @@ class Ledger:
     ) -> None:
         """The replica took it: count it there from ``now`` (``cost()`` if it was never chosen here), unless it
         has completed already."""
-        chosen = self._chosen.pop(key, None)
-        if chosen is not None and chosen.internal_id != internal_id:
-            chosen = None
+        chosen = self.previous(key, internal_id)
+        self._chosen.pop(key, None)
         if internal_id in self._ended:
             return
         if chosen is None:
