@@ -22,9 +22,24 @@ import sys
 import time
 from collections.abc import Iterable
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from serve_app.engines.procs import Proc, descendants, read_proc
+
+__all__ = [
+    "Proc",
+    "alive",
+    "descendants",
+    "engine_of",
+    "gcs_address",
+    "own_leftovers",
+    "processes",
+    "read_proc",
+    "replicas",
+    "spawn",
+    "stop",
+]
 
 DEFAULT_SIGINT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
@@ -54,48 +69,26 @@ def own_leftovers(marker: str) -> list[int]:
     return pids
 
 
-@dataclass(frozen=True)
-class Proc:
-    """One process as /proc shows it. ``pid`` and ``start`` (clock ticks after boot) together name one process
-    even after its pid is reused; ``title`` is its command line, which Ray's workers and vLLM's processes
-    rewrite (``ray::ServeReplica:llm:LLMServer``, ``VLLM::EngineCore``): ``comm`` cuts those at 15 bytes."""
-
-    pid: int
-    ppid: int
-    pgid: int
-    state: str
-    start: int
-    title: str
-
-
-def read_proc(pid: int) -> Proc | None:
-    """``pid``'s entry, or None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the name in parentheses may hold spaces
-    return Proc(pid, int(fields[1]), int(fields[2]), fields[0], int(fields[19]), title)
-
-
 def processes(marker: str) -> dict[int, Proc]:
     """The processes carrying ``marker`` (see :func:`own_leftovers`), by pid."""
     return {pid: proc for pid in own_leftovers(marker) if (proc := read_proc(pid)) is not None}
-
-
-def descendants(table: dict[int, Proc], roots: Iterable[int]) -> set[int]:
-    """Every process in ``table`` below ``roots`` (children, their children, ...), the roots excluded."""
-    roots, found = set(roots), set()
-    while grown := {pid for pid, proc in table.items() if proc.ppid in roots | found} - found - roots:
-        found |= grown
-    return found
 
 
 def replicas(table: dict[int, Proc], app: str) -> set[int]:
     """The worker processes of application ``app``'s Serve replicas (starting, running or stopping)."""
     title = re.compile(rf"ServeReplica:{re.escape(app)}:|SERVE_REPLICA::{re.escape(app)}#")
     return {pid for pid, proc in table.items() if title.search(proc.title)}
+
+
+NOT_ENGINE = ("resource_tracker", "engines/reaper.py")
+"""Titles of processes below a replica that are not its engine: multiprocessing's resource tracker and the engine
+reaper (serve_app/engines/reaper.py), both there from before the engine starts."""
+
+
+def engine_of(table: dict[int, Proc], replica: int) -> set[int]:
+    """The processes of ``replica``'s engine (``VLLM::EngineCore``, its ``VLLM::Worker``), told by parentage:
+    vLLM's process titles are not set at once."""
+    return {pid for pid in descendants(table, [replica]) if not any(t in table[pid].title for t in NOT_ENGINE)}
 
 
 def gcs_address(marker: str) -> str | None:

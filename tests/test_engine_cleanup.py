@@ -1,16 +1,17 @@
 """No vLLM engine process outlives its replica (issue item 8), with the real engine and the bundled model.
 
-A replica's engine is its Ray worker's child ``VLLM::EngineCore`` (and that one's ``VLLM::Worker``): it holds the
-KV cache's memory, on a GPU the GPU's, so a leaked one keeps a replacement replica from starting. vLLM's
-EngineCore does not notice its owner dying; Ray kills it (``serve.env``: per-worker process groups and children
-killed on worker exit). Each case kills a replica the way a user or Serve does, against `serve run
-serve_config.yaml` started as a user does (``serve.env`` applied, a private ``RAY_TMPDIR``, this process never
-connecting to that cluster: drivers run as subprocesses), and waits, with a bound, for every process below that
-replica to be gone:
+A replica's engine is its Ray worker's child ``VLLM::EngineCore`` (and that one's ``VLLM::Worker``): it holds the KV
+cache's memory, on a GPU the GPU's, so a leaked one keeps a replacement replica from starting. vLLM's EngineCore
+does not notice its owner dying; Ray kills it (``serve.env``: per-worker process groups and children killed on
+worker exit), or, where the raylet goes first, the replica's engine reaper (serve_app/engines/reaper.py). Each case
+kills a replica the way a user or Serve does, against `serve run serve_config.yaml` started as a user does
+(``serve.env`` applied, a private ``RAY_TMPDIR``, this process never connecting to that cluster: drivers run as
+subprocesses), and waits, with a bound, for every process below that replica to be gone:
 
 - a replica killed (SIGKILL of its worker, then ``ray.kill`` of its actor) while its engine starts;
 - ``serve.delete`` of the app during a burst of requests;
-- Ctrl-C twice on ``serve run`` during a burst (the second while it shuts down).
+- Ctrl-C twice on ``serve run`` during a burst (the second while it shuts down);
+- `ray stop --force` during a burst (the raylet killed with the replica: the engine reaper's case).
 
 Processes are told apart by parentage (the replica's descendants, found by the run's ``RAY_TMPDIR`` in their
 environment) and named by pid and start time, never by name alone.
@@ -18,6 +19,7 @@ environment) and named by pid and start time, never by name alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -33,7 +35,7 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.procs import Proc, alive, descendants, gcs_address, processes, replicas, spawn, stop
+from benchmarks.procs import Proc, alive, descendants, engine_of, gcs_address, processes, replicas, spawn, stop
 from benchmarks.serving import serve_env
 
 from .conftest import FIGURES, free_port
@@ -118,11 +120,12 @@ class ServeRun:
 
     def replica_with_engine(self) -> tuple[Proc, list[Proc]] | None:
         """An llm replica that has started its engine, and the processes below it (EngineCore, its Worker, and
-        multiprocessing's resource tracker): by parentage, as vLLM's process titles are not always set yet."""
+        multiprocessing's resource tracker and the engine reaper): by parentage, as vLLM's process titles are not
+        always set yet."""
         table = processes(self.marker)
         for pid in replicas(table, "llm"):
-            below = [table[p] for p in descendants(table, [pid])]
-            if any("resource_tracker" not in p.title for p in below):
+            if engine_of(table, pid):
+                below = [table[p] for p in descendants(table, [pid])]
                 return table[pid], below
         return None
 
@@ -274,6 +277,40 @@ def test_ctrl_c_twice_on_serve_run_leaves_no_engine(own_run):
     os.killpg(run.proc.pid, signal.SIGINT)
     assert_gone(engine, "Ctrl-C twice on serve run")
     wait_until(run.exited, ENGINE_GONE_S, "serve run to exit")
+
+
+def ray_stop_force(run: ServeRun) -> list[Proc]:
+    """What `ray stop --force` does, to this cluster only: SIGKILL, all at once, to each of its processes that
+    Ray's own list (``RAY_PROCESSES``: the raylet, the GCS, the workers ``ray::...``, the agents, the dashboard,
+    the log monitor) names, by its name or its command line as `ray stop` matches them."""
+    from ray.autoscaler._private.constants import RAY_PROCESSES
+
+    def named(proc: Proc) -> bool:
+        try:
+            comm = Path(f"/proc/{proc.pid}/comm").read_text().strip()
+        except OSError:
+            return False
+        return any(keyword in (comm if by_name else proc.title) for keyword, by_name in RAY_PROCESSES)
+
+    doomed = [proc for proc in processes(run.marker).values() if named(proc)]
+    for proc in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+    return doomed
+
+
+def test_ray_stop_force_during_a_burst_leaves_no_engine(own_run):
+    """`ray stop --force` with requests inside the engine: the raylet dies with the replica, so Ray's own cleanup
+    (the raylet killing the replica's process group) cannot run; the replica's engine reaper does it
+    (serve_app/engines/reaper.py). Before it, the EngineCore and its worker ran on, orphaned."""
+    run = own_run
+    replica, engine = run.serving_replica()
+    run.burst()
+    run.wait_requests_inside()
+    doomed = ray_stop_force(run)
+    assert replica.pid in {proc.pid for proc in doomed} and any("raylet" in proc.title for proc in doomed)
+    assert not any(proc.pid in {p.pid for p in engine} for proc in doomed)  # the engine is not Ray's to name
+    assert_gone(engine, "ray stop --force during a burst")
 
 
 def test_replica_killed_while_its_engine_starts_leaves_no_engine(shared_run):

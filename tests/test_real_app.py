@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.procs import own_leftovers, spawn, stop
+from benchmarks.procs import engine_of, processes, replicas, spawn, stop
 from benchmarks.serving import serve_env
 
 from .conftest import free_port
@@ -120,33 +120,24 @@ def test_engine_and_replicas_keep_serve_runs_niceness(served_app):
     the niceness `serve run` was started with (this test's), not 15 above it, Ray's default (on a CPU a niced
     engine loses its cores to every process that wakes there). The replicas holding them keep it too (both apps'
     ``vllm.cpu_replica_niceness`` default 0: the replica reads, admits and streams requests at once; yielding to
-    the engine is tests/test_cpu_tuning.py's). The engine is found as the replica's descendants: its process title
-    is not reliably in comm."""
+    the engine is tests/test_cpu_tuning.py's). The engine is found as the replica's descendants (its process title
+    is not reliably in comm), the engine reaper and multiprocessing's resource tracker left out."""
     _, env = served_app
-    parent, comm = {}, {}
-    for pid in own_leftovers(env["RAY_TMPDIR"]):
-        with contextlib.suppress(OSError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            comm[pid] = stat[stat.index("(") + 1 : stat.rindex(")")]
-            parent[pid] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    replicas = {pid for pid, name in comm.items() if name.startswith("ray::ServeRepli")}
-    engine: set[int] = set()
-    while grown := {pid for pid, ppid in parent.items() if ppid in replicas | engine} - engine - replicas:
-        engine |= grown
-    engine_replicas = {ppid for pid, ppid in parent.items() if pid in engine and ppid in replicas}
-    title = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode() for pid in engine_replicas}
-    llm_replicas = {pid for pid in engine_replicas if ":llm:" in title[pid]}
-    embedding_replicas = {pid for pid in engine_replicas if ":embeddings:" in title[pid]}
-    assert engine and llm_replicas, f"no process started by a replica ({replicas}) among {comm}"
-    assert embedding_replicas, f"the embedding app's default engine started no process ({title})"
+    table = processes(env["RAY_TMPDIR"])
+    engines = {app: {pid: engine_of(table, pid) for pid in replicas(table, app)} for app in ("llm", "embeddings")}
+    llm_replicas = {pid for pid, below in engines["llm"].items() if below}
+    embedding_replicas = {pid for pid, below in engines["embeddings"].items() if below}
+    assert llm_replicas, f"no llm replica started an engine process ({engines})"
+    assert embedding_replicas, f"the embedding app's default engine started no process ({engines})"
+    engine = set().union(*engines["llm"].values(), *engines["embeddings"].values())
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    engine_niceness = {f"{pid} {comm[pid]}": os.getpriority(os.PRIO_PROCESS, pid) for pid in sorted(engine)}
+    engine_niceness = {f"{pid} {table[pid].title}": os.getpriority(os.PRIO_PROCESS, pid) for pid in sorted(engine)}
     assert engine_niceness == dict.fromkeys(engine_niceness, base)
     replica_threads = {}
     for pid in llm_replicas | embedding_replicas:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                replica_threads[f"{pid}/{tid} {title[pid]}"] = os.getpriority(os.PRIO_PROCESS, int(tid))
+                replica_threads[f"{pid}/{tid} {table[pid].title}"] = os.getpriority(os.PRIO_PROCESS, int(tid))
     assert replica_threads == dict.fromkeys(replica_threads, base)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from ..config import VLLMSettings
 from .base import EngineDeadError
 from .cpu import cpu_dtype, idle_gloo_threads, yield_cores
+from .reaper import in_ray_worker, reap_group_on_exit
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +169,8 @@ def start_async_llm(
     logger.info("starting vLLM AsyncLLM (%s): %s", "GPU" if on_gpu else "CPU", args)
     # As an OpenAI server: vLLM then sizes max_num_seqs and max_num_batched_tokens as `vllm serve` does (on
     # an H100 1024 and 8192, where its engine-context defaults are 128 and 2048; the same 128/2048 on CPU).
+    if in_ray_worker():  # the engine must not outlive this worker, even where the raylet goes first
+        reap_group_on_exit()
     with scoped_environ(start_env):  # the engine's processes are spawned (and inherit it) before this returns
         llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
     workers = settings.parallelism() * int(settings.engine_args.get("data_parallel_size", 1))

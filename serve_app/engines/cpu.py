@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 
+from .procs import descendants, process_table
+
 NATIVE_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
 """CPU flags (Linux's names) of bfloat16 multiplication in hardware: AMX's matrix units (Intel Xeon from Sapphire
 Rapids on) and AVX-512's bfloat16 dot products (AMD from Zen 4 on, Intel Xeon from Cooper Lake on)."""
@@ -72,20 +74,9 @@ def idle_gloo_threads(root: int | None = None) -> int:
     one (the same load: 65-170 of theirs a second, +7.7% texts/s)."""
     if not hasattr(os, "SCHED_IDLE"):
         return 0
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):  # not a process, or one that ended meanwhile
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-    below, count = list(children.get(os.getpid() if root is None else root, [])), 0
-    while below:
-        pid = below.pop()
-        below += children.get(pid, [])
+    table = process_table()
+    count = 0
+    for pid in descendants(table, [os.getpid() if root is None else root]):
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
