@@ -6,11 +6,17 @@ Peers (each started alone, one after the other; every engine runs one compute th
 of its own):
 
   app-tokens            serve_config.yaml's app, 2 replicas, ``routing.router: tokens`` (its default)
-  app-serve             the same app with ``routing.router: serve``: Serve's power of two choices as shipped
+  app-serve             the same app with ``routing.router: serve``: Serve's router as shipped (with serve.env's
+                        HAProxy at the door, HAProxy's own balancing; app-tokens's POSTs go through the app's
+                        ingress router first)
+  app-*-python-proxy    either with Serve's Python proxy at the door (``RAY_SERVE_ENABLE_HA_PROXY=0``): the
+                        token router runs in the proxy, Serve's default is its power of two choices
   app-*-nice19          either with ``vllm.cpu_replica_niceness: 19`` (the default before 2026-11-25): the
                         replicas' own work (HTTP, tokenizing, admission, streaming) yields to the engines' compute
   ray-serve-llm         Ray Serve LLM (``build_openai_app``), 2 replicas, Serve's default router, as shipped
   ray-serve-llm-prefix  the same with Ray Serve LLM's ``PrefixCacheAffinityRouter``
+
+The ``nice19`` and ``python-proxy`` variants run only when ``--peers`` names them.
 
 **Load** (one seeded schedule for all, open loop): streamed ``/v1/completions`` "chats" in Poisson arrivals, each a
 prompt of random words and an output length drawn log-uniformly from ``CHAT_TOKENS`` (most short, a few long);
@@ -51,9 +57,15 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "app-serve": ("app", {"routing": {"router": "serve"}}),
     "app-tokens-nice19": ("app", {"routing": {"router": "tokens"}, "vllm": {"cpu_replica_niceness": 19}}),
     "app-serve-nice19": ("app", {"routing": {"router": "serve"}, "vllm": {"cpu_replica_niceness": 19}}),
+    "app-tokens-python-proxy": ("app", {"routing": {"router": "tokens"}}),
+    "app-serve-python-proxy": ("app", {"routing": {"router": "serve"}}),
     "ray-serve-llm": ("ray-serve-llm", {}),
     "ray-serve-llm-prefix": ("ray-serve-llm", {"router": "ray.serve.llm.request_router.PrefixCacheAffinityRouter"}),
 }
+PEER_ENV = {name: {"RAY_SERVE_ENABLE_HA_PROXY": "0"} for name in PEERS if name.endswith("-python-proxy")}
+"""The app with Serve's Python proxy at the door instead of serve.env's HAProxy: the token router then runs in the
+proxy, as Serve's own routers do, instead of in an ingress router HAProxy asks first."""
+OPTIONAL = ("nice", "python-proxy")  # variants run when named, not by default
 LOAD = {"full": {"load_s": 180.0, "rate": 0.8}, "quick": {"load_s": 60.0, "rate": 0.8}}
 CHAT_TOKENS = (8, 256)
 PROMPT_WORDS = (8, 60)
@@ -166,7 +178,7 @@ def summarize(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
 
 def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, Any]]) -> dict[str, Any]:
     kind, knobs = PEERS[name]
-    threads = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "ENGINE_THREADS": "1"}
+    threads = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "ENGINE_THREADS": "1", **PEER_ENV.get(name, {})}
     if kind == "app":
         fleet = {
             "autoscaling": {"min_replicas": REPLICAS, "max_replicas": REPLICAS},
@@ -238,7 +250,9 @@ def markdown(rows: list[dict[str, Any]], mode: str, events: list[dict[str, Any]]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 s of load a peer")
-    parser.add_argument("--peers", nargs="+", choices=list(PEERS), default=[p for p in PEERS if "nice" not in p])
+    parser.add_argument(
+        "--peers", nargs="+", choices=list(PEERS), default=[p for p in PEERS if not any(o in p for o in OPTIONAL)]
+    )
     args = parser.parse_args(argv)
     from serve_app.models import prepare
 
