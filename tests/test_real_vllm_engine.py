@@ -212,10 +212,10 @@ def test_the_engines_gloo_threads_run_at_sched_idle_once_it_has_started(engine):
     """vLLM's worker (a grandchild of the process holding the engine) has made its gloo process groups by the time
     the engine starts, and every one of their transport threads is at SCHED_IDLE (``vllm.cpu_idle_gloo_threads``);
     the model's compute threads are not."""
-    from benchmarks.procs import descendants, read_proc
     from serve_app.engines.cpu import GLOO_LOOP_THREAD
+    from serve_app.engines.procs import descendants, process_table
 
-    table = {int(pid): proc for pid in os.listdir("/proc") if pid.isdigit() and (proc := read_proc(int(pid)))}
+    table = process_table()
     policies: dict[str, list[int]] = {}
     for pid in descendants(table, [os.getpid()]):
         if not table[pid].title.startswith("VLLM::Worker"):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.engines.procs import read_proc
+from benchmarks.procs import Proc, alive, read_proc
 from serve_app.engines.reaper import GRACE_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,17 +43,11 @@ WORKER = textwrap.dedent(
 )
 
 
-def alive(pid: int, start: int) -> bool:
-    """Whether the process ``pid`` that started at ``start`` still runs (not a zombie)."""
-    proc = read_proc(pid)
-    return proc is not None and proc.start == start and proc.state != "Z"
-
-
-def wait_gone(pids: dict[int, int], bound: float) -> float:
-    """Seconds until every process of ``pids`` (pid: start) is gone; fails after ``bound``."""
+def wait_gone(procs: list[Proc], bound: float) -> float:
+    """Seconds until every process of ``procs`` is gone; fails after ``bound``."""
     started = time.monotonic()
-    while left := [pid for pid, start in pids.items() if alive(pid, start)]:
-        assert time.monotonic() - started < bound, f"still running after {bound:.0f} s: {[read_proc(p) for p in left]}"
+    while left := alive(procs):
+        assert time.monotonic() - started < bound, f"still running after {bound:.0f} s: {left}"
         time.sleep(0.05)
     return time.monotonic() - started
 
@@ -72,10 +66,10 @@ def test_a_worker_killed_outright_leaves_no_engine(ignores_sigterm):
     worker, pids = start_worker(ignores_sigterm)
     engine, reaper = read_proc(pids["engine"]), read_proc(pids["reaper"])
     assert engine and reaper and engine.pgid == reaper.pgid == worker.pid  # all in the worker's group
-    assert alive(engine.pid, engine.start) and alive(reaper.pid, reaper.start)  # nothing touched while it lives
+    assert alive([engine, reaper]) == [engine, reaper]  # nothing touched while it lives
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
-    took = wait_gone({engine.pid: engine.start, reaper.pid: reaper.start}, GRACE_S + 20)
+    took = wait_gone([engine, reaper], GRACE_S + 20)
     if ignores_sigterm:
         assert took >= GRACE_S * 0.9  # SIGTERM first; SIGKILL only after the grace
 
@@ -85,7 +79,7 @@ def test_a_worker_that_exits_cleanly_leaves_its_reaper_nothing_to_do():
     reaper = read_proc(pids["reaper"])
     assert worker.wait(timeout=30) == 0
     assert reaper is not None
-    wait_gone({reaper.pid: reaper.start}, 20)
+    wait_gone([reaper], 20)
 
 
 def test_no_reaper_for_a_process_that_does_not_lead_its_group():
