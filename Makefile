@@ -23,8 +23,9 @@ setup: $(STAMP)
 model: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m serve_app.models prepare
 
-# serve.env: Ray Serve's throughput settings, environment variables of every Ray process serve run starts.
-SERVE_ENV := $(shell grep -E '^[A-Za-z_][A-Za-z0-9_]*=' serve.env)
+# serve.env: Ray Serve's throughput settings, environment variables of every Ray process serve run starts;
+# a value starting with ./ is a path in this project, made absolute.
+SERVE_ENV := $(shell grep -E '^[A-Za-z_][A-Za-z0-9_]*=' serve.env | sed 's|=\./|=$(CURDIR)/|')
 
 serve: model
 	env HF_HUB_OFFLINE=1 $(SERVE_ENV) $(BIN)/serve run serve_config.yaml

@@ -130,9 +130,11 @@ def env() -> dict[str, str]:
 
 
 def serve_env() -> dict[str, str]:
-    """The Ray Serve settings ``make serve`` runs with (``serve.env``): every Ray-based peer gets them."""
+    """The Ray Serve settings ``make serve`` runs with (``serve.env``; a value starting with ``./`` is a path in
+    this project, made absolute as the Makefile does): every Ray-based peer gets them."""
     lines = (line.strip() for line in (ROOT / "serve.env").read_text().splitlines())
-    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    settings = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    return {name: f"{ROOT}/{value[2:]}" if value.startswith("./") else value for name, value in settings.items()}
 
 
 def use_serve_env() -> None:

@@ -11,7 +11,8 @@ subprocesses), and waits, with a bound, for every process below that replica to 
 - a replica killed (SIGKILL of its worker, then ``ray.kill`` of its actor) while its engine starts;
 - ``serve.delete`` of the app during a burst of requests;
 - Ctrl-C twice on ``serve run`` during a burst (the second while it shuts down);
-- `ray stop --force` during a burst (the raylet killed with the replica: the engine reaper's case).
+- `ray stop --force` during a burst (the raylet killed with the replica: the engine reaper's case), after which
+  HAProxy must be gone too and the HTTP port free for the next `serve run`.
 
 Processes are told apart by parentage (the replica's descendants, found by the run's ``RAY_TMPDIR`` in their
 environment) and named by pid and start time, never by name alone.
@@ -23,6 +24,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -299,18 +301,37 @@ def ray_stop_force(run: ServeRun) -> list[Proc]:
     return doomed
 
 
-def test_ray_stop_force_during_a_burst_leaves_no_engine(own_run):
+def port_taken(port: int) -> bool:
+    """Whether something listens on ``port`` (a new server could not bind it)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections left in TIME_WAIT do not count
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def test_ray_stop_force_during_a_burst_leaves_no_engine_and_frees_the_port(own_run):
     """`ray stop --force` with requests inside the engine: the raylet dies with the replica, so Ray's own cleanup
     (the raylet killing the replica's process group) cannot run; the replica's engine reaper does it
-    (serve_app/engines/reaper.py). Before it, the EngineCore and its worker ran on, orphaned."""
+    (serve_app/engines/reaper.py). Before it, the EngineCore and its worker ran on, orphaned. The same held for
+    HAProxy (serve.env), Serve's HAProxyManager's child: it ran on holding the HTTP port, and the next `serve run`
+    failed to bind it; it now exits with its manager (serve_app/serving/haproxy_guard.py)."""
     run = own_run
     replica, engine = run.serving_replica()
     run.burst()
     run.wait_requests_inside()
+    haproxy = [proc for proc in processes(run.marker).values() if proc.title.split()[0].endswith("/haproxy")]
+    port = int(run.url.rsplit(":", 1)[1])
+    assert haproxy and port_taken(port), "HAProxy (serve.env) holds the app's HTTP port"
     doomed = ray_stop_force(run)
     assert replica.pid in {proc.pid for proc in doomed} and any("raylet" in proc.title for proc in doomed)
-    assert not any(proc.pid in {p.pid for p in engine} for proc in doomed)  # the engine is not Ray's to name
+    ours = {p.pid for p in engine + haproxy}
+    assert not any(proc.pid in ours for proc in doomed)  # neither the engine nor HAProxy is Ray's to name
     assert_gone(engine, "ray stop --force during a burst")
+    assert_gone(haproxy, "ray stop --force: HAProxy")
+    wait_until(lambda: not port_taken(port), ENGINE_GONE_S, "the HTTP port to be free")
 
 
 def test_replica_killed_while_its_engine_starts_leaves_no_engine(shared_run):
