@@ -22,6 +22,7 @@ Peers, one after another on the same engine (the first five by default, in this 
   admission-step-cap      ``admission`` with the job held to half of each step's tokens while chats are about
                           (``low_priority_step_budget``: the replica's default on a CPU, none on a GPU); its job
                           streams, so that the batcher sees each prompt's first token
+  admission-engine-priority-step-cap  ``admission-engine-priority`` with that step cap
 
 Each peer runs the job alone (its output tok/s), the chats alone (Poisson arrivals at ``ONLINE_SHARE`` of the
 first peer's job-alone tok/s; TTFT p50/p99), then both, the chats running until the job ends. Reported as in
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import random
@@ -62,6 +64,7 @@ PEERS = (
     "engine",
     "admission-no-priorities",
     "admission-step-cap",
+    "admission-engine-priority-step-cap",
 )
 
 
@@ -119,7 +122,7 @@ async def measure(name: str, engine: Engine, args: argparse.Namespace, rate: flo
     """One peer's three phases on ``engine``; ``rate`` None: 30% of this peer's job-alone tok/s."""
     row: dict[str, Any] = {"peer": name}
     priority = 0 if name == "admission-no-priorities" else JOB_PRIORITY
-    capped = name == "admission-step-cap"
+    capped = name.endswith("step-cap")
     batcher = None
     engine.priorities_on = "engine-priority" in name
     if name.startswith("admission"):  # the replica's defaults (serve_app.config.batcher.ContinuousSettings)
@@ -253,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.rows is None:
             args.rows = max(256, round(speeds[-1] * args.job_s / JOB_TOKENS))
         print(json.dumps({"warm_tok_s": speeds, "rows": args.rows}), flush=True)
+        # This one process plays the replica and the engine; both freeze their start-up heap in the app (Serve's
+        # replicas, vLLM's engine). Unfrozen, a full collection here took 0.23-0.29 s (the model's objects, the
+        # engine's), and one set the p99 beside the job in a 2026-11-27 run (gpu_tenancy-history.md).
+        gc.collect()
+        gc.freeze()
         rate, per_peer = None, 0.0
         for name in args.peers:
             if time.monotonic() - began + per_peer > args.deadline_s:

@@ -50,6 +50,7 @@ async def test_concurrent_http_requests_are_batched_and_answered_in_order(app):
     assert after["engine_stats"]["peak_running"] >= 10  # many requests shared the engine's steps
     assert after["batcher"]["in_flight"] == 0 and after["batcher"]["in_flight_cost"] == 0
     assert after["engine"] == "simulated" and after["replica"]["replica_id"]
+    assert after["replica"]["gc"]["frozen_objects"] > 10_000  # Serve froze what its start left (Ray's, the core's)
 
 
 async def test_concurrent_handle_calls_are_batched(app):

@@ -4,6 +4,7 @@ without Ray Serve: a Serve replica, a Ray Data actor or a plain asyncio program 
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Iterator
@@ -18,6 +19,21 @@ logger = logging.getLogger("serve_app")
 
 ConfigT = TypeVar("ConfigT")
 SettingsT = TypeVar("SettingsT")
+
+
+def freeze_startup_heap() -> float:
+    """Put every object alive now out of the garbage collector's reach (``gc.freeze``), as vLLM's server and
+    engine, and Ray Serve for its replicas (``RAY_SERVE_FREEZE_GC_ON_STARTUP``), do once they are up; the seconds
+    the last full collection took. A process holding a core carries Ray's and the engine client's objects, about
+    750,000 with the bundled model, and each full collection walked them all: about 0.4 s on a 2-core CPU, its
+    event loop stalled that long. For a process that is not a Serve replica (a Ray Data actor), once its core
+    has started."""
+    started = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    took = time.perf_counter() - started
+    logger.info("startup heap frozen: %d objects out of the collector's reach (%.2f s)", gc.get_freeze_count(), took)
+    return took
 
 
 def check_batch(values: Any, field: str, noun: str, limit: int) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..config import AppConfig, EmbeddingConfig
 from ..core import Embedder, Generator
+from ..core.base import freeze_startup_heap
 from ..openai.common import Origin
 from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, rows_out, texts
 
@@ -36,6 +37,7 @@ class _InProcess:
         if not self._started:
             self._started = True
             await self.core.start()
+            freeze_startup_heap()
         return rows_out(batch, await self.rows(texts(batch, self.column)), self.columns)
 
     async def rows(self, values: list[str]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ on shutdown. A deployment adds only its own routes and handle methods.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -99,8 +100,15 @@ class Replica:
     # -- What every replica answers ------------------------------------------------------------------------
 
     async def stats(self) -> dict[str, Any]:
-        """The core's statistics, who this replica is, and its autoscaling settings."""
-        return {"replica": identity(), **self.core.stats(), "autoscaling": self.config.autoscaling.model_dump()}
+        """The core's statistics, who this replica is, its autoscaling settings, and its garbage collector's full
+        collections and the objects it no longer scans (Serve freezes what is alive once the replica has started:
+        ``RAY_SERVE_FREEZE_GC_ON_STARTUP``)."""
+        collector = {"frozen_objects": gc.get_freeze_count(), "full_collections": gc.get_stats()[2]["collections"]}
+        return {
+            "replica": identity() | {"gc": collector},
+            **self.core.stats(),
+            "autoscaling": self.config.autoscaling.model_dump(),
+        }
 
     async def model_card(self) -> dict[str, Any]:
         """This replica's model as an OpenAI model entry, with vLLM's ``root`` and ``max_model_len``."""
