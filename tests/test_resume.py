@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.sample import write
-from tests.conftest import completed, idle
+from tests.conftest import completed, idle, wait_for
 
 pytestmark = pytest.mark.serve
 
@@ -26,7 +27,9 @@ def app(deploy_app):
 
 def kill_once_written(run: subprocess.Popen, count: Callable[[], int], at_least: int) -> None:
     """Kill ``run`` once ``count()`` (what it has written) reaches ``at_least``: waiting on its output, not on a
-    clock; it must not have ended by then."""
+    clock; it must not have ended by then. Then wait until Ray has marked its job dead, which stops the job's
+    workers: until then its Ray Data actors may still send a call, which the replica would count as the resume's
+    (seen once in a fresh-clone run: one prompt too many)."""
     try:
         deadline = time.monotonic() + 180
         while count() < at_least:
@@ -36,6 +39,12 @@ def kill_once_written(run: subprocess.Popen, count: Callable[[], int], at_least:
     finally:
         run.kill()
         run.wait()
+    from ray._private.state import jobs
+
+    def dead() -> bool:
+        return any(job["DriverPid"] == run.pid and job["IsDead"] for job in jobs())
+
+    asyncio.run(wait_for(dead, 60, "Ray to mark the killed driver's job dead"))
 
 
 def written(folder: Path) -> list[dict]:
