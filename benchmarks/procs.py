@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -109,6 +110,18 @@ def listening_ports(pid: int) -> set[int]:
                 if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+def port_taken(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port`` (a new server could not bind it); connections left in
+    TIME_WAIT do not count."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def gcs_address(marker: str) -> str | None:

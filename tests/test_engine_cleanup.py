@@ -24,7 +24,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,18 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.procs import Proc, alive, descendants, engine_of, gcs_address, processes, replicas, spawn, stop
+from benchmarks.procs import (
+    Proc,
+    alive,
+    descendants,
+    engine_of,
+    gcs_address,
+    port_taken,
+    processes,
+    replicas,
+    spawn,
+    stop,
+)
 from benchmarks.serving import serve_env
 
 from .conftest import FIGURES, free_port
@@ -299,17 +309,6 @@ def ray_stop_force(run: ServeRun) -> list[Proc]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
     return doomed
-
-
-def port_taken(port: int) -> bool:
-    """Whether something listens on ``port`` (a new server could not bind it)."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections left in TIME_WAIT do not count
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def test_ray_stop_force_during_a_burst_leaves_no_engine_and_frees_the_port(own_run):

