@@ -44,8 +44,9 @@ raise it), ``max_ongoing_requests`` 4096 (no Serve-side queueing) and a plain ``
 
 The corpus: ``benchmarks.padding.make_texts`` (long-tailed lengths, 5-220 words, mostly short). The load:
 ``--clients`` concurrent clients in a closed loop, each sending the next text (scenario ``single``: one text
-per request, what a RAG service sees) or the next 16 texts (``list16``). Reported per peer and scenario:
-texts/s, request latency p50/p99, the padding waste of the batches the server ran (1 - real tokens / padded
+per request, what a RAG service sees) or the next 16 texts (``list16``), at least ``REQUESTS_PER_CLIENT`` requests
+each (lists of 16 go through the corpus several times: one pass would be a single burst). Reported per peer and
+scenario: texts/s, request latency p50/p99, the padding waste of the batches the server ran (1 - real tokens / padded
 tokens; vLLM pads nothing), texts per batch, texts/s as a multiple of the naive peer's, and ``other_cpu``: the
 cores' worth of CPU that processes outside this benchmark used during the run (the machine may be shared). A
 run during which others used more than ``QUIET_CORES`` is run again after a pause (``--retries``, default 2)
@@ -125,6 +126,7 @@ SAMPLE = 48  # texts whose vectors are checked, per peer and scenario
 READY_MARKER = "EMBEDDINGS_BENCH_READY"
 DIRECT_MARKER = "EMBEDDINGS_BENCH_DIRECT_URL"
 DIRECT = "-direct"  # a peer name's suffix: the client on the app replica's own port (direct ingress)
+REQUESTS_PER_CLIENT = 4  # at least this many requests per client in a measured run (the corpus sent again if need be)
 WARM_TEXTS_PER_CLIENT = 4  # a peer's warm-up: this many texts per client, at the full client count
 QUIET_CORES = 0.25  # a run during which other processes used more CPU than this is run again (``--retries``)
 RETRY_PAUSE_S = 20.0
@@ -409,14 +411,31 @@ def direct_url(log: str, proxy_url: str) -> str:
     return urls[0]
 
 
+def request_chunks(n_texts: int, per_request: int, clients: int, per_client: int) -> list[list[int]]:
+    """The corpus's indices, ``per_request`` a request, in order; where one pass over the corpus would give a client
+    fewer than ``per_client`` requests (1000 texts in lists of 16 are one list for each of 64 clients,
+    a single burst), the corpus is sent again from its start until each has that many: a closed loop in steady
+    state, not one wave whose p50 is decided by the order the server finishes it in."""
+    chunks = [list(range(i, min(i + per_request, n_texts))) for i in range(0, n_texts, per_request)]
+    wanted = max(len(chunks), per_client * clients)
+    return [chunks[i % len(chunks)] for i in range(wanted)]
+
+
 async def load(
-    url: str, texts: list[str], per_request: int, clients: int, keep: set[int], timeout_s: float
+    url: str,
+    texts: list[str],
+    per_request: int,
+    clients: int,
+    keep: set[int],
+    timeout_s: float,
+    per_client: int = REQUESTS_PER_CLIENT,
 ) -> dict[str, Any]:
-    """``clients`` closed-loop clients post the texts in order, ``per_request`` at a time; per-request
-    latencies, throughput, failures, and the vectors of the texts in ``keep``."""
+    """``clients`` closed-loop clients post the texts in order, ``per_request`` at a time, at least ``per_client``
+    requests each (:func:`request_chunks`); per-request latencies, throughput, failures, and the vectors of the
+    texts in ``keep``."""
     import aiohttp
 
-    chunks = [list(range(i, min(i + per_request, len(texts)))) for i in range(0, len(texts), per_request)]
+    chunks = request_chunks(len(texts), per_request, clients, per_client)
     position = 0
     latencies: list[float] = []
     errors: list[str] = []
@@ -589,7 +608,7 @@ def measure_peer(
             # large as the load's (16 clients made smaller ones).
             warm = make_texts(WARM_TEXTS_PER_CLIENT * clients, seed=1)
             for per_request in sorted({SCENARIOS[s] for s in scenarios}):
-                asyncio.run(load(url, warm, per_request, clients, set(), timeout_s))
+                asyncio.run(load(url, warm, per_request, clients, set(), timeout_s, per_client=1))
             for repeat in range(repeats):
                 for scenario in scenarios:
                     # A run that others disturbed (the machine is shared) is run again after a pause, at most
@@ -696,6 +715,10 @@ def measure(
             "app_dtype": app_dtype(),
             "texts": n_texts,
             "clients": clients,
+            "requests_per_client": REQUESTS_PER_CLIENT,
+            "texts_sent": {
+                s: sum(map(len, request_chunks(n_texts, SCENARIOS[s], clients, REQUESTS_PER_CLIENT))) for s in scenarios
+            },
             "repeats": repeats,
             "rounds": rounds,
             "retries": retries,

@@ -402,6 +402,7 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
             }
         )
     lengths = cfg["token_lengths"]
+    sent = ", ".join(f"{k} {v:,}" for k, v in cfg.get("texts_sent", {}).items()) or cfg["texts"]
     shown_keys = ("mode", "max_inflight_tokens", "max_inflight", "order")
     batcher = {k: v for k, v in cfg["app_batcher"].items() if k in shown_keys}
     return (
@@ -411,7 +412,9 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
         f"interleaved, each figure the median of its runs. Corpus: {cfg['texts']} long-tailed texts "
         "(`benchmarks.padding.make_texts`; tokens p50 "
         f"{lengths['p50']}, p90 {lengths['p90']}, p99 {lengths['p99']}, max {lengths['max']}); {cfg['clients']} "
-        "closed-loop clients, each request one text (`single`) or 16 (`list16`). Peers: **app** "
+        "closed-loop clients, each request one text (`single`) or 16 (`list16`), each client sending at least "
+        f"{cfg.get('requests_per_client', 1)} requests (texts sent: {sent}; where one pass over the corpus is fewer, "
+        "it is sent again: one pass of lists of 16 would be about one list a client, a single burst). Peers: **app** "
         f"(serve_config.yaml's default engine, vLLM's pooling runner, behind its batcher: `{batcher}`; the client "
         "on `localhost:8000` as in the README: HAProxy, serve.env's door, which forwards each request to the replica's "
         "own port), **app-direct** (the same app, the client on its replica's own HTTP port: serve.env's direct "

