@@ -68,6 +68,10 @@ class DynamicBatcher(BatchProcessor, Generic[RecordT, ResultT]):
             records (always including the oldest), to cut padding; the default is strict FIFO.
         lookahead: the look-ahead window of ``length_aware``; default ``16 * max_batch_size`` (wider windows
             group lengths more tightly, at O(window log window) per batch cut).
+        batch_overhead: with ``padded`` and ``length_aware``, what the engine spends on a batch whatever its
+            size, in cost units (a CPU encoder: tens of tokens' worth); a record then joins a batch only if it
+            raises the batch's costs over its padded cost plus this, so a thin queue of scattered lengths gets
+            smaller batches that pad less. 0: the budget alone decides.
         isolate_failures: when a batch fails, retry its halves (recursively) so only the records that
             fail on their own get the error.
         latency_samples: how many recent per-record latencies the percentiles in ``stats`` cover.
@@ -89,6 +93,7 @@ class DynamicBatcher(BatchProcessor, Generic[RecordT, ResultT]):
         length_aware: bool = False,
         lookahead: int | None = None,
         padded: bool = False,
+        batch_overhead: int = 0,
         isolate_failures: bool = False,
         latency_samples: int = 10_000,
     ) -> None:
@@ -117,6 +122,9 @@ class DynamicBatcher(BatchProcessor, Generic[RecordT, ResultT]):
         self._lookahead = positive_int("lookahead", lookahead) if lookahead is not None else 16 * self._max_batch_size
         self._length_aware = bool(length_aware)
         self._padded = bool(padded)
+        if isinstance(batch_overhead, bool) or not isinstance(batch_overhead, int) or batch_overhead < 0:
+            raise ValueError(f"batch_overhead must be an int >= 0, got {batch_overhead!r}")
+        self._overhead = batch_overhead
         self._isolate = bool(isolate_failures)
 
         call = getattr(process_fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
@@ -300,7 +308,7 @@ class DynamicBatcher(BatchProcessor, Generic[RecordT, ResultT]):
     def _cut_batch(self) -> list[Entry]:
         if self._length_aware:
             batch, cost = take_length_aware(
-                self._queue, self._target, self._max_batch_size, self._lookahead, self._padded
+                self._queue, self._target, self._max_batch_size, self._lookahead, self._padded, self._overhead
             )
         else:
             batch, cost = take_fifo(self._queue, self._target, self._max_batch_size, self._padded)

@@ -46,7 +46,7 @@ def take_fifo(queue: deque[Entry], target_cost: int, max_size: int, padded: bool
 
 
 def take_length_aware(
-    queue: deque[Entry], target_cost: int, max_size: int, lookahead: int, padded: bool = False
+    queue: deque[Entry], target_cost: int, max_size: int, lookahead: int, padded: bool = False, overhead: int = 0
 ) -> tuple[list[Entry], int]:
     """Pop a batch of similar-cost records from the first ``lookahead`` entries; return it and the sum of
     its costs.
@@ -54,6 +54,11 @@ def take_length_aware(
     The oldest entry (the head) is always in the batch; the rest are its nearest neighbours by cost,
     added while they fit. Anchoring on the head is the aging rule: a record at queue position ``p`` is
     dispatched within ``p + 1`` batches, however the lengths fall. Unselected entries keep their order.
+
+    With ``padded`` and an ``overhead`` (what the engine spends on a batch whatever its size, in cost units), a
+    neighbour joins only if it raises the batch's useful share, its costs over ``size x largest + overhead``:
+    where few records wait and their lengths are far apart, a smaller batch that pads less beats a full one;
+    where many of similar length wait, batches still fill the budget.
     """
     if not queue:
         return [], 0
@@ -66,8 +71,15 @@ def take_length_aware(
     hi = lo + 2
 
     def fits(extra: int | None) -> bool:
-        grown = max(largest, extra or 0)
-        return extra is not None and batch_cost(len(chosen) + 1, cost + extra, grown, padded) <= target_cost
+        if extra is None:
+            return False
+        count, grown = len(chosen), max(largest, extra)
+        if batch_cost(count + 1, cost + extra, grown, padded) > target_cost:
+            return False
+        # With an overhead: (cost + extra) / ((count + 1) x grown + overhead) > cost / (count x largest + overhead)
+        return not (padded and overhead) or (cost + extra) * (count * largest + overhead) > cost * (
+            (count + 1) * grown + overhead
+        )
 
     while cost <= target_cost and len(chosen) < max_size and (lo >= 0 or hi < len(order)):
         left = window[order[lo]][COST] if lo >= 0 else None

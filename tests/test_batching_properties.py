@@ -127,9 +127,10 @@ class _Done:
     st.integers(1, 150),
     st.integers(1, 20),
     st.integers(1, 40),
+    st.sampled_from([0, 0, 1, 16, 64, 500]),
 )
 @pytest.mark.parametrize("padded", [False, True], ids=["summed", "padded"])
-def test_policies_respect_budget_and_order(padded, costs, target, max_size, lookahead):
+def test_policies_respect_budget_and_order(padded, costs, target, max_size, lookahead, overhead):
     for policy in ("fifo", "length_aware"):
         queue = deque((i, c, _Done(), float(i)) for i, c in enumerate(costs))
         taken: list[int] = []
@@ -140,8 +141,12 @@ def test_policies_respect_budget_and_order(padded, costs, target, max_size, look
             if policy == "fifo":
                 batch, cost = take_fifo(queue, target, max_size, padded)
             else:
-                batch, cost = take_length_aware(queue, target, max_size, lookahead, padded)
+                batch, cost = take_length_aware(queue, target, max_size, lookahead, padded, overhead)
             ids = [e[0] for e in batch]
+            if policy == "length_aware" and padded and overhead and len(batch) > 1:
+                # Each record joined only if it raised the useful share: the batch's is above its head's alone.
+                head_cost, padded_cost = batch[0][1], len(batch) * max(e[1] for e in batch)
+                assert cost * (head_cost + overhead) > head_cost * (padded_cost + overhead)
             assert ids and ids[0] == head  # the oldest record is always served next
             assert ids == sorted(ids)  # batches are handed over in arrival order
             assert cost == sum(e[1] for e in batch)
@@ -159,6 +164,24 @@ def test_policies_respect_budget_and_order(padded, costs, target, max_size, look
         if policy == "fifo":
             assert taken == list(range(len(costs)))
         assert rounds <= len(costs)
+
+
+def test_a_batch_overhead_keeps_a_far_longer_record_out_of_a_padded_batch():
+    """Four records of about 30 tokens and one of 120 fit a 1,024-token padded budget together (5 x 120), but
+    padded to 120 the short ones would be three quarters padding: with a batch costing 64 tokens' worth whatever
+    its size, the long one waits for a batch of its own; many records of one length still fill the budget."""
+
+    def queue_of(costs: list[int]) -> deque:
+        return deque((i, c, _Done(), float(i)) for i, c in enumerate(costs))
+
+    queue = queue_of([30, 29, 31, 120, 28])
+    batch, cost = take_length_aware(queue, 1024, 64, 64, padded=True, overhead=64)
+    assert [e[0] for e in batch] == [0, 1, 2, 4] and cost == 118
+    assert [e[0] for e in queue] == [3]
+    batch, _ = take_length_aware(queue_of([30, 29, 31, 120, 28]), 1024, 64, 64, padded=True)
+    assert len(batch) == 5  # no overhead: the budget alone cuts
+    batch, _ = take_length_aware(queue_of([30] * 40), 1024, 64, 64, padded=True, overhead=64)
+    assert len(batch) == 1024 // 30  # equal lengths: the budget still fills
 
 
 @settings(max_examples=300, deadline=None)

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from .common import AutoOrPositive, Strict
+from .common import AutoOrCount, AutoOrPositive, Strict
 
 AUTO_FALLBACK_TOKENS = 65_536
 """The ``auto`` in-flight budget when an engine cannot say how large its KV cache is."""
@@ -125,6 +125,13 @@ class BatchSettings(QueueSettings):
         description="token budget of a batch, a ceiling (a lone larger request runs alone): prompt + max_tokens of "
         "each request, or for a padded encoder batch size x its longest input; `auto`: the engine's own figure",
     )
+    batch_overhead_tokens: AutoOrCount = Field(
+        "auto",
+        description="order `length_aware` on a padded engine: what the engine spends on a batch whatever its size, "
+        "in tokens; an input joins a batch only if it raises the batch's real tokens over its padded tokens plus "
+        "this, so a short queue of scattered lengths gets smaller batches that pad less; `auto`: the engine's own "
+        "figure (the padded encoder on a CPU: 128; 0 elsewhere); 0: the budget alone cuts",
+    )
     max_batch_size: int = Field(64, ge=1, description="most requests in a batch")
     batch_timeout_s: float = Field(
         0.01, ge=0.0, le=60.0, description="longest the oldest request waits for its batch to fill"
@@ -143,9 +150,11 @@ class BatchSettings(QueueSettings):
             )
         return self
 
-    def batcher_kwargs(self, auto_tokens: int, padded: bool = False) -> dict[str, Any]:
-        """``TokenBatcher``'s keywords; ``auto_tokens`` is what the engine says ``auto`` means."""
+    def batcher_kwargs(self, auto_tokens: int, padded: bool = False, auto_overhead: int = 0) -> dict[str, Any]:
+        """``TokenBatcher``'s keywords; ``auto_tokens`` and ``auto_overhead`` are what the engine says ``auto``
+        means for the budget and for ``batch_overhead_tokens``."""
         budget = self.target_batch_tokens if self.target_batch_tokens != "auto" else auto_tokens
+        overhead = self.batch_overhead_tokens if self.batch_overhead_tokens != "auto" else auto_overhead
         return {
             "max_queue_size": self.max_queue_size,
             "target_batch_tokens": budget,
@@ -155,6 +164,7 @@ class BatchSettings(QueueSettings):
             "length_aware": self.order == "length_aware",
             "isolate_failures": self.isolate_failures,
             "padded": padded,
+            "batch_overhead": overhead,
         }
 
 

@@ -56,7 +56,10 @@ class Embedder(Core[EmbeddingConfig, BatcherSettings]):
             kwargs = settings.batcher_kwargs(engine.inflight_tokens(), engine.max_running())
             self.budget = kwargs["max_inflight_cost"]
             return ContinuousBatcher(self._process_one, **kwargs)
-        kwargs = settings.batcher_kwargs(self.config.batch_tokens(engine.device), padded=engine.padded)
+        config = self.config
+        kwargs = settings.batcher_kwargs(
+            config.batch_tokens(engine.device), engine.padded, config.batch_overhead(engine.device)
+        )
         self.budget = kwargs["target_batch_tokens"] * kwargs["max_concurrent_batches"]
         return TokenBatcher(self._process, **kwargs)
 
