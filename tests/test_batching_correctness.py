@@ -60,6 +60,8 @@ class Recorder:
         ({"default_cost": -1}, "default_cost"),
         ({"max_concurrent_batches": 0}, "max_concurrent_batches"),
         ({"lookahead": 0}, "lookahead"),
+        ({"batch_overhead": -1}, "batch_overhead"),
+        ({"batch_overhead": True}, "batch_overhead"),
         ({"max_batch_size": 2.5}, "max_batch_size"),
     ],
 )

@@ -81,8 +81,12 @@ def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url()
     padded = EmbeddingConfig(engine="padded")
     assert padded.batcher.mode == "batch" and padded.batcher.target_batch_tokens == "auto"
     assert padded.batch_tokens("cpu") == 1024 and padded.batch_tokens("cuda") == 16384
-    kwargs = padded.batcher.batcher_kwargs(padded.batch_tokens("cpu"), padded=True)
+    assert padded.batch_overhead("cpu") == 128 and padded.batch_overhead("cuda") == 0  # measured on a CPU only
+    kwargs = padded.batcher.batcher_kwargs(padded.batch_tokens("cpu"), True, padded.batch_overhead("cpu"))
     assert kwargs["target_batch_tokens"] == 1024 and kwargs["length_aware"] and kwargs["padded"]
+    assert kwargs["batch_overhead"] == 128
+    fixed = EmbeddingConfig(engine="padded", batcher={"batch_overhead_tokens": 0}).batcher
+    assert fixed.batcher_kwargs(1024, True, 128)["batch_overhead"] == 0  # 0: the budget alone cuts
     # a batcher given in part keeps the engine's own defaults for the rest
     partial = EmbeddingConfig(engine="padded", batcher={"max_batch_size": 16}).batcher
     assert (partial.max_batch_size, partial.batch_timeout_s, partial.order) == (16, 0.005, "length_aware")
