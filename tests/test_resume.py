@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.sample import write
-from tests.conftest import completed, idle, wait_for
+from tests.conftest import completed, idle, wait_until
 
 pytestmark = pytest.mark.serve
 
@@ -44,7 +43,7 @@ def kill_once_written(run: subprocess.Popen, count: Callable[[], int], at_least:
     def dead() -> bool:
         return any(job["DriverPid"] == run.pid and job["IsDead"] for job in jobs())
 
-    asyncio.run(wait_for(dead, 60, "Ray to mark the killed driver's job dead"))
+    wait_until(dead, 60, "Ray to mark the killed driver's job dead", interval=0.25)
 
 
 def written(folder: Path) -> list[dict]:
