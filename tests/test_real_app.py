@@ -172,6 +172,51 @@ def test_openai_client_streams_the_same_answer_it_gives_whole(served_app):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_openai_client_gets_vllms_log_probabilities(served_app):
+    """Log probabilities from vLLM's engine as an OpenAI client asks for them. Chat: each greedy token is its
+    position's most likely, its alternatives as many as asked, the stream's tokens the whole answer's. Completions
+    as lm-eval's loglikelihood requests send them (``echo``, ``logprobs``, ``max_tokens`` 1): the prompt's tokens
+    first (the first without one), and a prompt token's log probability equal to that of generating it after the
+    same prefix."""
+    openai = pytest.importorskip("openai")
+    url, _ = served_app
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    asked = {"model": "SmolLM2-135M-Instruct", "messages": FRANCE, "max_tokens": 8, "logprobs": True, "top_logprobs": 3}
+    whole = client.chat.completions.create(**asked)
+    content = whole.choices[0].logprobs.content
+    # Every generated token, the end token too (vLLM's server lists it; the text leaves it out).
+    assert "".join(c.token for c in content).startswith(whole.choices[0].message.content)
+    assert len(content) == whole.usage.completion_tokens
+    for c in content:
+        assert len(c.top_logprobs) == 3 and c.logprob <= 0 and c.bytes == list(c.token.encode())
+        assert c.logprob >= max(t.logprob for t in c.top_logprobs) - 1e-3, c  # greedy: the most likely
+    streamed = [
+        token
+        for chunk in client.chat.completions.create(**asked, stream=True)
+        if chunk.choices and chunk.choices[0].logprobs
+        for token in chunk.choices[0].logprobs.content
+    ]
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert all(math.isclose(a.logprob, b.logprob, abs_tol=0.05) for a, b in zip(streamed, content))
+
+    prefix = "The capital of France is"
+    generated = client.completions.create(model="SmolLM2-135M-Instruct", prompt=prefix, max_tokens=1, logprobs=2)
+    (token,) = generated.choices[0].logprobs.tokens
+    (logprob,) = generated.choices[0].logprobs.token_logprobs
+    assert len(generated.choices[0].logprobs.top_logprobs[0]) <= 3  # the token and 2 more (vLLM's k + 1)
+    echo = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt=prefix + token, max_tokens=1, logprobs=0, echo=True
+    )
+    got = echo.choices[0].logprobs
+    prompt_tokens = echo.usage.prompt_tokens
+    assert "".join(got.tokens) == echo.choices[0].text and echo.choices[0].text.startswith(prefix + token)
+    assert len(got.tokens) == len(got.token_logprobs) == len(got.text_offset) == prompt_tokens + 1
+    assert got.token_logprobs[0] is None and got.top_logprobs[0] is None
+    assert got.text_offset == [sum(len(t) for t in got.tokens[:i]) for i in range(len(got.tokens))]
+    assert got.tokens[prompt_tokens - 1] == token
+    assert math.isclose(got.token_logprobs[prompt_tokens - 1], logprob, abs_tol=0.05), (got, logprob)
+
+
 @pytest.mark.parametrize("backend", ["openai", "openai-chat"])
 def test_vllm_bench_serve_completes_every_request(served_app, backend, tmp_path):
     """vLLM's own benchmark client (``vllm bench serve``: always streaming, stream_options, content parts,

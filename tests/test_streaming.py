@@ -136,8 +136,11 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
             None,
         ),
         ("/v1/chat/completions", {"logprobs": False, "metadata": {"k": "v"}, "parallel_tool_calls": False}, 200, None),
-        # refused: cannot be honoured here
+        ("/v1/chat/completions", {"logprobs": False, "top_logprobs": 0}, 200, None),
+        # refused: cannot be honoured here (the simulated engine computes no log probabilities; vLLM's does)
         ("/v1/completions", {"logprobs": 2}, 400, "logprobs"),
+        ("/v1/completions", {"logprobs": 0, "echo": True}, 400, "logprobs"),
+        ("/v1/chat/completions", {"top_logprobs": 2}, 400, "top_logprobs"),
         ("/v1/completions", {"suffix": "end"}, 400, "suffix"),
         ("/v1/completions", {"use_beam_search": True}, 400, "use_beam_search"),
         ("/v1/completions", {"stream_options": {"include_usage": True}}, 400, "stream_options"),
@@ -149,6 +152,8 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         ("/v1/completions", {"n": 0}, 422, "n"),
         ("/v1/completions", {"top_k": -2}, 422, "top_k"),
         ("/v1/completions", {"logit_bias": {"not-a-token": 1}}, 422, "logit_bias"),
+        ("/v1/completions", {"logprobs": 21}, 422, "logprobs"),
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -1}, 422, "top_logprobs"),
         ("/v1/chat/completions", {"frequency_penalty": 3}, 422, "frequency_penalty"),
         ("/v1/chat/completions", {"no_such_field": 1}, 422, "no_such_field"),
     ],

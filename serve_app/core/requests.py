@@ -22,7 +22,7 @@ from ..openai.common import Origin, SamplingFields, is_valid_unicode
 from ..openai.completions import CompletionRequest
 from .base import check_batch
 
-_NOT_SAMPLING = {"max_tokens", "temperature", "top_p", "stop", "seed", "logit_bias"}
+_NOT_SAMPLING = {"max_tokens", "temperature", "top_p", "stop", "seed", "logit_bias", "logprobs"}
 INTERACTIVE = Origin()
 """Priority 0, no tenant: what an HTTP or handle request is unless it says otherwise."""
 
@@ -71,6 +71,10 @@ class RequestBuilder:
         given = {name: value for name, value in given.items() if name in SamplingOptions.__dataclass_fields__}
         if "stop_token_ids" in given:
             given["stop_token_ids"] = tuple(given["stop_token_ids"])
+        logprobs, prompt_logprobs = fields.logprob_counts()
+        if logprobs is not None and not self.engine.returns_logprobs:
+            why = f"logprobs: the {self.engine.name} engine does not return log probabilities"
+            raise RequestError(why, param="logprobs")
         return SamplingOptions(
             max_tokens=max_tokens,
             temperature=fields.temperature if fields.temperature is not None else defaults.temperature,
@@ -78,6 +82,8 @@ class RequestBuilder:
             stop=tuple(stop or ()),
             seed=fields.seed if fields.seed is not None else defaults.seed,
             logit_bias=tuple((int(token), bias) for token, bias in (fields.logit_bias or {}).items()),
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             **given,
         )
 

@@ -13,6 +13,7 @@ from .base import (
     GenerationRequest,
     GenerationResult,
     SamplingOptions,
+    TokenLogprob,
     progress,
 )
 
@@ -24,6 +25,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "SamplingOptions",
+    "TokenLogprob",
     "build_engine",
     "progress",
 ]

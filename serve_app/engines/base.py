@@ -22,6 +22,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "SamplingOptions",
+    "TokenLogprob",
     "progress",
 ]
 
@@ -46,6 +47,10 @@ class SamplingOptions:
     stop_token_ids: tuple[int, ...] = ()
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    """Log probabilities of each generated token and of this many alternatives (0: the token's own); None: none."""
+    prompt_logprobs: int | None = None
+    """The same for each prompt token (what OpenAI's completions ``echo`` with ``logprobs`` returns)."""
 
 
 @dataclass
@@ -71,13 +76,31 @@ class GenerationRequest:
         return self.sampling.max_tokens
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log probability as the engine computed it: the token's text, its ``logprob`` (None where the
+    engine computes none: a prompt's first token), and the alternatives it returned at that position as ``(text,
+    logprob)`` pairs in its own order (vLLM's: the token itself, then the most likely, without repeats)."""
+
+    token: str
+    logprob: float | None
+    top: tuple[tuple[str, float], ...] = ()
+
+
+Logprobs = tuple[TokenLogprob, ...]
+
+
 @dataclass
 class GenerationDelta:
-    """New output of a running request: ``text`` since the previous delta; ``output_tokens`` so far."""
+    """New output of a running request: ``text`` since the previous delta; ``output_tokens`` so far; where asked
+    for (``SamplingOptions.logprobs``), the new tokens' ``logprobs``, and on the first delta the
+    ``prompt_logprobs``."""
 
     request_id: str
     text: str
     output_tokens: int
+    logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None
 
 
 @dataclass
@@ -91,10 +114,18 @@ class GenerationResult:
     output_tokens: int
     finish_reason: str
     error: str | None = None
+    logprobs: Logprobs | None = None
+    """Every generated token's, where asked for (``SamplingOptions.logprobs``)."""
+    prompt_logprobs: Logprobs | None = None
+    """Every prompt token's, where asked for (``SamplingOptions.prompt_logprobs``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return asdict(self)
+        """A JSON-ready dict (the log probabilities only where asked for)."""
+        out = asdict(self)
+        for name in ("logprobs", "prompt_logprobs"):
+            if out[name] is None:
+                del out[name]
+        return out
 
     @property
     def failed(self) -> bool:
@@ -126,6 +157,8 @@ class Engine(abc.ABC):
 
     name: str = "engine"
     continuous: bool = True
+    returns_logprobs: bool = False
+    """Whether it computes log probabilities (``SamplingOptions.logprobs``); a request for them is refused if not."""
     max_model_len: int
 
     @abc.abstractmethod

@@ -32,6 +32,7 @@ from .base import (
     GenerationRequest,
     GenerationResult,
     SamplingOptions,
+    TokenLogprob,
 )
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
     """An ``AsyncLLM`` over one model; on a CPU-only host it runs vLLM's CPU build."""
 
     name = "vllm"
+    returns_logprobs = True
 
     def __init__(self, model: str, settings: VLLMSettings, workers_on_gpus: bool = False) -> None:
         """``workers_on_gpus``: the engine's workers run in the replica's placement group, on its GPUs (the replica
@@ -129,6 +131,8 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             skip_special_tokens=s.skip_special_tokens,
             include_stop_str_in_output=s.include_stop_str_in_output,
             seed=s.seed,
+            logprobs=s.logprobs,
+            prompt_logprobs=s.prompt_logprobs,
             output_kind=RequestOutputKind.DELTA,
         )
 
@@ -143,18 +147,27 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         parts: list[str] = []
         produced = 0
         finish_reason = None
+        wanted = request.sampling.logprobs is not None
+        logprobs: list[TokenLogprob] = []
+        prompt_logprobs = None
         try:
             params = self.sampling_params(request.sampling)
             prompt = await render_tokens(self._llm, request.prompt_token_ids)
             priority = {"priority": request.priority} if self._priorities else {}
+            unsent = None  # the prompt's log probabilities, until a delta carries them
             async for output in self._llm.generate(prompt, params, request.request_id, **priority):
+                if prompt_logprobs is None and output.prompt_logprobs:  # the first output carries them
+                    unsent = prompt_logprobs = self._logprobs(request.prompt_token_ids, output.prompt_logprobs)
                 if not output.outputs:
                     continue
                 completion = output.outputs[0]
                 produced += len(completion.token_ids)
                 if completion.text or completion.token_ids:
                     parts.append(completion.text)
-                    yield GenerationDelta(request.request_id, completion.text, produced)
+                    new = self._logprobs(completion.token_ids, completion.logprobs) if wanted else None
+                    logprobs += new or ()
+                    yield GenerationDelta(request.request_id, completion.text, produced, new, unsent)
+                    unsent = None
                 finish_reason = completion.finish_reason or finish_reason
         except VLLMEngineDeadError as exc:
             self._dead = exc
@@ -166,7 +179,30 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             logger.warning("request %s failed: %r", request.request_id, exc)
             yield GenerationResult.failure(request, f"{type(exc).__name__}: {exc}", produced)
             return
-        yield GenerationResult(request.request_id, "".join(parts), prompt_tokens, produced, finish_reason or "abort")
+        yield GenerationResult(
+            request.request_id,
+            "".join(parts),
+            prompt_tokens,
+            produced,
+            finish_reason or "abort",
+            logprobs=tuple(logprobs) if wanted else None,
+            prompt_logprobs=prompt_logprobs,
+        )
+
+    def _logprobs(self, token_ids: Sequence[int], positions: Sequence[Any] | None) -> tuple[TokenLogprob, ...]:
+        """vLLM's log probabilities of ``token_ids`` (one ``{token id: Logprob}`` per position, None where it has
+        none: a prompt's first token) as :class:`TokenLogprob`; a token vLLM did not decode is decoded here, as
+        vLLM's server does (one token: no need to leave the event loop)."""
+        out = []
+        for index, token_id in enumerate(token_ids):
+            position = positions[index] if positions is not None and index < len(positions) else None
+            chosen = position.get(token_id) if position else None
+            text = chosen.decoded_token if chosen is not None else None
+            if text is None:
+                text = self._llm.get_tokenizer().decode([token_id])
+            top = tuple((lp.decoded_token or "", lp.logprob) for lp in position.values()) if position else ()
+            out.append(TokenLogprob(text, chosen.logprob if chosen is not None else None, top))
+        return tuple(out)
 
     async def abort(self, request_id: str) -> None:
         if self._dead is None and self._llm is not None:

@@ -7,14 +7,17 @@ import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage, ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import Choice as ChatChoice
+from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
+from openai.types.chat.chat_completion_token_logprob import TopLogprob
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..engines import GenerationResult
-from .common import OpenAIRequest, Refusal, Text, new_id, usage
+from ..engines import GenerationDelta, GenerationResult, TokenLogprob
+from .common import OpenAIRequest, Refusal, Text, clamp_logprob, new_id, usage
 from .completions import finish_reason
 
 
@@ -85,8 +88,8 @@ class ChatCompletionRequest(OpenAIRequest):
 
     def refusals(self) -> list[Refusal]:
         out = super().refusals()
-        if self.logprobs or self.top_logprobs:
-            out.append(("logprobs" if self.logprobs else "top_logprobs", "log probabilities are not returned"))
+        if self.top_logprobs and not self.logprobs:
+            out.append(("top_logprobs", "top_logprobs needs logprobs: true"))
         if self.response_format and self.response_format.get("type") != "text":
             out.append(("response_format", "only response_format type 'text' is supported (no structured output)"))
         if self.tools or self.functions:
@@ -109,18 +112,45 @@ class ChatCompletionRequest(OpenAIRequest):
                 out.append((f"messages[{i}].tool_calls", "tool calling is not supported by this server"))
         return out
 
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        return ((self.top_logprobs or 0) if self.logprobs else None), None
+
     def conversation(self) -> list[dict[str, str]]:
         """The messages as ``{"role", "content"}`` dicts with text content, for the chat template."""
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 
-class ChatFormat:
-    """``/v1/chat/completions`` bodies for one request with ``n`` choices."""
+def _utf8(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="replace"))
 
-    def __init__(self, model: str, n: int = 1) -> None:
-        self.model, self.n = model, n
+
+def token_logprobs(tokens: Sequence[TokenLogprob], top: int) -> list[ChatCompletionTokenLogprob]:
+    """Chat's ``logprobs.content``: each token with its log probability and the first ``top`` alternatives the
+    engine returned (vLLM's order)."""
+    return [
+        ChatCompletionTokenLogprob(
+            token=t.token,
+            bytes=_utf8(t.token),
+            logprob=clamp_logprob(t.logprob),
+            top_logprobs=[TopLogprob(token=k, bytes=_utf8(k), logprob=clamp_logprob(v)) for k, v in t.top[:top]],
+        )
+        for t in tokens
+    ]
+
+
+class ChatFormat:
+    """``/v1/chat/completions`` bodies for one request with ``n`` choices; ``top_logprobs``: alternatives per
+    token where the request asked for log probabilities (None: it did not)."""
+
+    def __init__(self, model: str, n: int = 1, top_logprobs: int | None = None) -> None:
+        self.model, self.n, self.top_logprobs = model, n, top_logprobs
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self._started: set[int] = set()
+
+    def _logprobs(self, tokens: Sequence[TokenLogprob] | None, kind: type[Any]) -> Any:
+        if self.top_logprobs is None or tokens is None:
+            return None
+        return kind(content=token_logprobs(tokens, self.top_logprobs))
 
     def response(self, results: Sequence[GenerationResult]) -> ChatCompletion:
         choices = [
@@ -128,7 +158,7 @@ class ChatFormat:
                 index=i,
                 message=ChatCompletionMessage(role="assistant", content=r.text),
                 finish_reason=finish_reason(r),
-                logprobs=None,
+                logprobs=self._logprobs(r.logprobs, ChoiceLogprobs),
             )
             for i, r in enumerate(results)
         ]
@@ -146,21 +176,23 @@ class ChatFormat:
             id=self.id, object="chat.completion.chunk", created=self.created, model=self.model, choices=choices, **extra
         )
 
-    def chunks(self, index: int, text: str) -> list[ChatCompletionChunk]:
-        """A content delta; the first of each choice is preceded by the assistant role, as OpenAI sends it."""
+    def chunks(self, index: int, delta: GenerationDelta | None) -> list[ChatCompletionChunk]:
+        """A content delta (with its tokens' log probabilities where asked for); the first of each choice is
+        preceded by the assistant role, as OpenAI sends it."""
         out = []
         if index not in self._started:
             self._started.add(index)
             role = ChoiceDelta(role="assistant", content="")
             out.append(self._chunk([ChunkChoice(index=index, delta=role, finish_reason=None, logprobs=None)]))
-        if text:
-            delta = ChoiceDelta(content=text)
-            out.append(self._chunk([ChunkChoice(index=index, delta=delta, finish_reason=None, logprobs=None)]))
+        if delta is not None and (delta.text or delta.logprobs):
+            logprobs = self._logprobs(delta.logprobs, ChunkLogprobs)
+            content = ChoiceDelta(content=delta.text)
+            out.append(self._chunk([ChunkChoice(index=index, delta=content, finish_reason=None, logprobs=logprobs)]))
         return out
 
     def final_chunks(self, index: int, result: GenerationResult) -> list[ChatCompletionChunk]:
         done = ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=finish_reason(result), logprobs=None)
-        return [*self.chunks(index, ""), self._chunk([done])]
+        return [*self.chunks(index, None), self._chunk([done])]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> ChatCompletionChunk:
         return self._chunk([], usage=usage(results, self.n))

@@ -94,6 +94,11 @@ class SamplingFields(BaseModel):
         """Fields set to something this server cannot honour (none here; the endpoints add theirs)."""
         return []
 
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        """How many alternatives to return with each generated token's log probability, and with each prompt
+        token's (None: no log probabilities); the endpoints that return them say."""
+        return None, None
+
 
 class Origin(BaseModel):
     """Who a request comes from, as the batcher orders it: its ``priority`` (lower runs first) and its ``tenant``
@@ -188,6 +193,15 @@ def sse(payload: Any) -> str:
     """One Server-Sent Event carrying a JSON payload (a pydantic model or a dict)."""
     data = payload.model_dump_json(exclude_unset=True) if hasattr(payload, "model_dump_json") else json.dumps(payload)
     return f"data: {data}\n\n"
+
+
+LOGPROB_FLOOR = -9999.0
+"""What a log probability of minus infinity is sent as (JSON has no infinity; OpenAI's and vLLM's value)."""
+
+
+def clamp_logprob(logprob: float | None) -> float:
+    """A log probability JSON can carry (:data:`LOGPROB_FLOOR` at least; None, where none was computed, too)."""
+    return LOGPROB_FLOOR if logprob is None else max(logprob, LOGPROB_FLOOR)
 
 
 def new_id(kind: str) -> str:

@@ -7,10 +7,11 @@ import time
 from collections.abc import Sequence
 
 from openai.types import Completion, CompletionChoice
+from openai.types.completion_choice import Logprobs
 from pydantic import Field
 
-from ..engines import GenerationResult
-from .common import OpenAIRequest, Refusal, Text, TokenId, new_id, usage
+from ..engines import GenerationDelta, GenerationResult, TokenLogprob
+from .common import OpenAIRequest, Refusal, Text, TokenId, clamp_logprob, new_id, usage
 
 
 class CompletionRequest(OpenAIRequest):
@@ -26,11 +27,13 @@ class CompletionRequest(OpenAIRequest):
         out = super().refusals()
         if self.best_of is not None and self.best_of > self.n:
             out.append(("best_of", "best_of above n is not supported"))
-        if self.logprobs:
-            out.append(("logprobs", "log probabilities are not returned by this server"))
         if self.suffix:
             out.append(("suffix", "suffix (insertion) is not supported"))
         return out
+
+    def logprob_counts(self) -> tuple[int | None, int | None]:
+        """``logprobs`` alternatives per token: the generated ones, and with ``echo`` the prompt's too (vLLM's)."""
+        return self.logprobs, (self.logprobs if self.echo else None)
 
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompts as a list: texts, or token-id lists."""
@@ -47,15 +50,43 @@ def finish_reason(result: GenerationResult) -> str:
 
 
 class CompletionFormat:
-    """``/v1/completions`` bodies for one request: ``n`` choices per prompt, each echoing its prompt if asked."""
+    """``/v1/completions`` bodies for one request: ``n`` choices per prompt, each echoing its prompt if asked;
+    ``logprobs``: alternatives per token where the request asked for log probabilities (None: it did not)."""
 
-    def __init__(self, model: str, n: int = 1, echo: Sequence[str] = ()) -> None:
-        self.model, self.n, self.echo = model, n, list(echo)
+    def __init__(self, model: str, n: int = 1, echo: Sequence[str] = (), logprobs: int | None = None) -> None:
+        self.model, self.n, self.echo, self.logprobs = model, n, list(echo), logprobs
         self.id, self.created = new_id("cmpl"), int(time.time())
         self._started: set[int] = set()
+        self._offsets: dict[int, int] = {}  # each choice's text so far, in characters (a stream's text_offset)
 
     def _prefix(self, index: int) -> str:
         return self.echo[index // self.n] if self.echo else ""
+
+    def _logprobs(self, index: int, tokens: Sequence[TokenLogprob]) -> Logprobs:
+        """OpenAI's completions ``logprobs`` for the next ``tokens`` of choice ``index``: as vLLM's server gives
+        them, the token's own log probability and the first ``logprobs`` + 1 alternatives; none for a token
+        without one (a prompt's first)."""
+        offset = self._offsets.get(index, 0)
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t.token)
+        self._offsets[index] = offset
+        return Logprobs.model_construct(  # model_construct: OpenAI's model allows no null token_logprobs entry
+            text_offset=offsets,
+            token_logprobs=[None if t.logprob is None else clamp_logprob(t.logprob) for t in tokens],
+            tokens=[t.token for t in tokens],
+            top_logprobs=[
+                None if t.logprob is None else {k: clamp_logprob(v) for k, v in t.top[: self.logprobs + 1]}  # type: ignore[operator]
+                for t in tokens
+            ],
+        )
+
+    def _choice_logprobs(self, index: int, output: GenerationResult | GenerationDelta, first: bool) -> Logprobs | None:
+        if self.logprobs is None:
+            return None
+        prompt = (output.prompt_logprobs or ()) if self.echo and first else ()
+        return self._logprobs(index, [*prompt, *(output.logprobs or ())])
 
     def _completion(self, choices: list[CompletionChoice], results: Sequence[GenerationResult] | None) -> Completion:
         extra = {} if results is None else {"usage": usage(results, self.n)}
@@ -65,26 +96,35 @@ class CompletionFormat:
 
     def response(self, results: Sequence[GenerationResult]) -> Completion:
         choices = [
-            CompletionChoice(index=i, text=self._prefix(i) + r.text, finish_reason=finish_reason(r), logprobs=None)
+            CompletionChoice(
+                index=i,
+                text=self._prefix(i) + r.text,
+                finish_reason=finish_reason(r),
+                logprobs=self._choice_logprobs(i, r, first=True),
+            )
             for i, r in enumerate(results)
         ]
         return self._completion(choices, results)
 
-    def _chunk(self, index: int, text: str, reason: str | None) -> Completion:
-        if index not in self._started:
-            self._started.add(index)
-            text = self._prefix(index) + text
+    def _chunk(self, index: int, text: str, reason: str | None, logprobs: Logprobs | None = None) -> Completion:
         # A chunk's finish_reason is null until its last one, which OpenAI's (response) model does not allow.
-        choice = CompletionChoice.model_construct(index=index, text=text, finish_reason=reason, logprobs=None)
+        choice = CompletionChoice.model_construct(index=index, text=text, finish_reason=reason, logprobs=logprobs)
         return self._completion([choice], None)
 
-    def chunks(self, index: int, text: str) -> list[Completion]:
-        """A text delta of choice ``index`` (the first carries the echoed prompt)."""
-        return [self._chunk(index, text, None)]
+    def chunks(self, index: int, delta: GenerationDelta) -> list[Completion]:
+        """A delta of choice ``index`` (the first carries the echoed prompt, and with log probabilities the
+        prompt's)."""
+        first = index not in self._started
+        self._started.add(index)
+        text = self._prefix(index) + delta.text if first else delta.text
+        return [self._chunk(index, text, None, self._choice_logprobs(index, delta, first))]
 
     def final_chunks(self, index: int, result: GenerationResult) -> list[Completion]:
-        """The chunk that ends choice ``index``, with its finish reason."""
-        return [self._chunk(index, "", finish_reason(result))]
+        """The chunk that ends choice ``index``, with its finish reason (and the echoed prompt if nothing came
+        before it)."""
+        first = index not in self._started
+        self._started.add(index)
+        return [self._chunk(index, self._prefix(index) if first else "", finish_reason(result))]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> Completion:
         return self._completion([], results)

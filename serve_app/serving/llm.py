@@ -134,14 +134,16 @@ class LLMServer(Replica):
         body.sent_with(key)
         requests = await self.core.requests.completion(body)
         echo = [r.prompt_text for r in requests[:: body.n]] if body.echo else []
-        return await self._answer(body, requests, CompletionFormat(self.config.model_name, body.n, echo))
+        fmt = CompletionFormat(self.config.model_name, body.n, echo, body.logprob_counts()[0])
+        return await self._answer(body, requests, fmt)
 
     @api.post("/v1/chat/completions")
     async def http_chat_completions(self, body: ChatCompletionRequest, key: KeyTenant) -> Response:
         """OpenAI chat completions, with the model's chat template; ``"stream": true`` answers with SSE."""
         body.sent_with(key)
         requests = await self.core.requests.chat_completion(body)
-        return await self._answer(body, requests, ChatFormat(self.config.model_name, body.n))
+        fmt = ChatFormat(self.config.model_name, body.n, body.logprob_counts()[0])
+        return await self._answer(body, requests, fmt)
 
     async def _answer(
         self, body: OpenAIRequest, requests: list[GenerationRequest], fmt: CompletionFormat | ChatFormat
@@ -160,7 +162,7 @@ class LLMServer(Replica):
                     results[index] = succeeded(output, index)
                     chunks = fmt.final_chunks(index, output)
                 else:
-                    chunks = fmt.chunks(index, output.text)
+                    chunks = fmt.chunks(index, output)
                 for chunk in chunks:
                     yield sse(chunk)
 

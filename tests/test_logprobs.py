@@ -1,0 +1,102 @@
+"""Log probabilities in OpenAI's two shapes, from an engine's :class:`TokenLogprob` values: chat's ``content``
+list and completions' parallel lists (with ``echo``, the prompt's first; a stream's ``text_offset`` running on
+across its chunks). No engine here: the values are made up, the shapes are what is checked (the real engine's
+path: tests/test_real_app.py)."""
+
+from __future__ import annotations
+
+import json
+
+from serve_app.engines import GenerationDelta, GenerationResult, TokenLogprob
+from serve_app.openai.chat import ChatFormat
+from serve_app.openai.common import LOGPROB_FLOOR
+from serve_app.openai.completions import CompletionFormat
+
+PROMPT = (
+    TokenLogprob("The", None),  # a prompt's first token has none
+    TokenLogprob(" sky", -3.5, ((" sky", -3.5), (" cat", -1.0), (" dog", -2.0))),
+)
+OUTPUT = (
+    TokenLogprob(" is", -0.25, ((" is", -0.25), (" was", -1.5), (" looks", -2.5))),
+    TokenLogprob(" blue", float("-inf"), ((" blue", float("-inf")), (" red", -0.5), (" green", -0.75))),
+)
+
+
+def result(**extra: object) -> GenerationResult:
+    return GenerationResult("r", " is blue", 2, 2, "length", logprobs=OUTPUT, **extra)  # type: ignore[arg-type]
+
+
+def dumped(model: object) -> dict:
+    """The body as the route sends it (JSON: no infinities)."""
+    return json.loads(json.dumps(model.model_dump(mode="json", exclude_none=True)))  # type: ignore[attr-defined]
+
+
+def test_chat_content_has_each_token_its_bytes_and_the_first_top_logprobs_alternatives():
+    body = dumped(ChatFormat("m", top_logprobs=2).response([result()]))
+    content = body["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == [" is", " blue"]
+    assert content[0]["bytes"] == list(b" is") and content[0]["logprob"] == -0.25
+    assert [t["token"] for t in content[0]["top_logprobs"]] == [" is", " was"]  # the engine's order, 2 of 3
+    assert content[1]["logprob"] == LOGPROB_FLOOR  # minus infinity, as OpenAI and vLLM send it
+    assert content[1]["top_logprobs"][0]["logprob"] == LOGPROB_FLOOR
+
+
+def test_chat_without_logprobs_asked_has_none_and_top_logprobs_0_has_no_alternatives():
+    assert "logprobs" not in dumped(ChatFormat("m").response([result()]))["choices"][0]
+    content = dumped(ChatFormat("m", top_logprobs=0).response([result()]))["choices"][0]["logprobs"]["content"]
+    assert [c["top_logprobs"] for c in content] == [[], []]
+
+
+def test_chat_stream_carries_each_deltas_tokens_on_its_content_chunk():
+    fmt = ChatFormat("m", top_logprobs=1)
+    chunks = [dumped(c) for c in fmt.chunks(0, GenerationDelta("r", " is", 1, OUTPUT[:1]))]
+    chunks += [dumped(c) for c in fmt.chunks(0, GenerationDelta("r", " blue", 2, OUTPUT[1:]))]
+    role, first, second = chunks
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""} and "logprobs" not in role["choices"][0]
+    assert [c["token"] for c in first["choices"][0]["logprobs"]["content"]] == [" is"]
+    assert [c["token"] for c in second["choices"][0]["logprobs"]["content"]] == [" blue"]
+    assert len(second["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 1
+
+
+def test_completions_lists_tokens_logprobs_offsets_and_logprobs_plus_one_alternatives():
+    choice = dumped(CompletionFormat("m", logprobs=1).response([result()]))["choices"][0]
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == [" is", " blue"] and "".join(logprobs["tokens"]) == choice["text"]
+    assert logprobs["token_logprobs"] == [-0.25, LOGPROB_FLOOR]
+    assert logprobs["text_offset"] == [0, 3]
+    assert logprobs["top_logprobs"][0] == {" is": -0.25, " was": -1.5}  # the token and 1 more: vLLM's k + 1
+
+
+def test_completions_echo_puts_the_prompts_tokens_first_with_none_for_the_first():
+    fmt = CompletionFormat("m", echo=["The sky"], logprobs=0)
+    choice = dumped(fmt.response([result(prompt_logprobs=PROMPT)]))["choices"][0]
+    logprobs = choice["logprobs"]
+    assert choice["text"] == "The sky is blue" == "".join(logprobs["tokens"])
+    assert logprobs["token_logprobs"] == [None, -3.5, -0.25, LOGPROB_FLOOR]
+    assert logprobs["top_logprobs"] == [None, {" sky": -3.5}, {" is": -0.25}, {" blue": LOGPROB_FLOOR}]
+    assert logprobs["text_offset"] == [0, 3, 7, 10]
+
+
+def test_completions_stream_offsets_run_on_across_chunks_and_the_first_carries_the_prompt():
+    fmt = CompletionFormat("m", n=2, echo=["The sky"], logprobs=0)
+    first = fmt.chunks(1, GenerationDelta("r", " is", 1, OUTPUT[:1], PROMPT))[0]
+    second = fmt.chunks(1, GenerationDelta("r", " blue", 2, OUTPUT[1:]))[0]
+    other = fmt.chunks(0, GenerationDelta("s", " is", 1, OUTPUT[:1], PROMPT))[0]  # choice 0: its own offsets
+    one, two, zero = (dumped(c)["choices"][0] for c in (first, second, other))
+    assert one["text"] == "The sky is" and one["logprobs"]["tokens"] == ["The", " sky", " is"]
+    assert one["logprobs"]["text_offset"] == [0, 3, 7]
+    assert two["text"] == " blue" and two["logprobs"]["text_offset"] == [10]
+    assert zero["logprobs"]["text_offset"] == [0, 3, 7]
+    final = dumped(fmt.final_chunks(1, result()).pop())["choices"][0]
+    assert final["finish_reason"] == "length" and "logprobs" not in final
+
+
+def test_results_to_dict_carries_logprobs_only_where_asked_for():
+    plain = GenerationResult("r", "x", 1, 1, "stop").to_dict()
+    assert "logprobs" not in plain and "prompt_logprobs" not in plain
+    asked = result().to_dict()
+    assert asked["logprobs"][0] == {
+        "token": " is",
+        "logprob": -0.25,
+        "top": ((" is", -0.25), (" was", -1.5), (" looks", -2.5)),
+    }
