@@ -129,12 +129,21 @@ def env() -> dict[str, str]:
     return out
 
 
+HAPROXY_SIDE_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+"""Where Ray's HAProxy serves its stats page and Prometheus metrics: fixed ports (8404, 9101) on every interface, so a
+second Serve cluster on one machine (a test or a benchmark beside ``make serve``) fails to start HAProxy there."""
+
+
 def serve_env() -> dict[str, str]:
     """The Ray Serve settings ``make serve`` runs with (``serve.env``; a value starting with ``./`` is a path in
-    this project, made absolute as the Makefile does): every Ray-based peer gets them."""
+    this project, made absolute as the Makefile does): every Ray-based peer gets them. HAProxy's side ports are
+    free ones (:data:`HAPROXY_SIDE_PORTS`, unless the environment sets them), so the cluster starts beside another."""
     lines = (line.strip() for line in (ROOT / "serve.env").read_text().splitlines())
     settings = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
-    return {name: f"{ROOT}/{value[2:]}" if value.startswith("./") else value for name, value in settings.items()}
+    out = {name: f"{ROOT}/{value[2:]}" if value.startswith("./") else value for name, value in settings.items()}
+    for name in HAPROXY_SIDE_PORTS:
+        out[name] = os.environ.get(name) or str(free_port(""))
+    return out
 
 
 def use_serve_env() -> None:
@@ -144,9 +153,10 @@ def use_serve_env() -> None:
     os.environ.update(serve_env())
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at ``host`` (``""``: on any interface) now."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

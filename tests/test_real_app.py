@@ -7,6 +7,7 @@ import contextlib
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,10 +36,27 @@ def dashboard_address(serve_run_output: str) -> str:
     return match.group(1)
 
 
+RAY_HAPROXY_SIDE_PORTS = (8404, 9101)
+"""Ray's HAProxy's stats and metrics ports, fixed, on every interface: what a `make serve` running beside holds."""
+
+
+@contextlib.contextmanager
+def holding(ports: tuple[int, ...]):
+    """Listen on ``ports`` (on every interface, those that are free), as another Serve cluster's HAProxy would."""
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            sock = stack.enter_context(socket.socket())
+            with contextlib.suppress(OSError):  # taken already: by a real `make serve`, which holds it the same way
+                sock.bind(("", port))
+                sock.listen()
+        yield
+
+
 @pytest.fixture(scope="module")
 def served_app(tmp_path_factory):
     """`serve run serve_config.yaml` in its own Ray cluster (RAY_ADDRESS=local, a private RAY_TMPDIR), so
-    this process, attached to the session's cluster, never connects to it; yields (url, env)."""
+    this process, attached to the session's cluster, never connects to it; yields (url, env). It starts while
+    Ray's HAProxy side ports are held, as beside a running `make serve` (the suite must run there too)."""
     pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
     from serve_app.models import prepare
 
@@ -62,20 +80,8 @@ def served_app(tmp_path_factory):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 420
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"serve run exited with {proc.returncode}:\n{log.read()[-5000:]}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                log.seek(0)
-                pytest.fail(f"the app did not become healthy in time:\n{log.read()[-5000:]}")
-            time.sleep(2)
+        with holding(RAY_HAPROXY_SIDE_PORTS):
+            wait_healthy(proc, url, log)
         log.seek(0)
         # What a second terminal needs to reach this cluster: its dashboard (Serve's CLI talks to it), which
         # `serve run` names on start-up (http://127.0.0.1:8265 unless another cluster holds that port).
@@ -86,6 +92,25 @@ def served_app(tmp_path_factory):
         # it, found by the private temp dir in its environment (a vLLM engine whose replica died first among them).
         stop(proc, ray_tmp)
         log.close()
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, log) -> None:
+    """Until the app at ``url`` answers its health check; fails the test with the log's tail if ``serve run``
+    exits or 420 s pass first."""
+    deadline = time.monotonic() + 420
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            pytest.fail(f"serve run exited with {proc.returncode}:\n{log.read()[-5000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            log.seek(0)
+            pytest.fail(f"the app did not become healthy in time:\n{log.read()[-5000:]}")
+        time.sleep(2)
 
 
 def test_http_chat_completion_knows_the_capital_of_france(served_app):

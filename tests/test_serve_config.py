@@ -174,7 +174,7 @@ def test_make_serve_runs_with_every_serve_env_setting():
     import shutil
     import subprocess
 
-    from benchmarks.serving import serve_env
+    from benchmarks.serving import HAPROXY_SIDE_PORTS, serve_env
 
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
@@ -186,4 +186,7 @@ def test_make_serve_runs_with_every_serve_env_setting():
     settings = serve_env()
     assert "RAY_worker_niceness" in settings
     for name, value in settings.items():
-        assert f"{name}={value}" in serve_line.split(), name
+        if name in HAPROXY_SIDE_PORTS:  # free ones for a test's or a benchmark's cluster; make serve keeps Ray's
+            assert name not in serve_line, name
+        else:
+            assert f"{name}={value}" in serve_line.split(), name
