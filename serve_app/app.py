@@ -29,10 +29,11 @@ def _application(config: Any, server: Any) -> Application:
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """The generation application from ``args`` (:class:`~serve_app.config.AppConfig`). Under HAProxy (serve.env)
     with the token router, HAProxy asks :class:`~serve_app.serving.ingress_router.IngressRouter` which replica
-    takes each request (Serve refuses a custom router HAProxy would bypass)."""
+    takes each request (Serve refuses a custom router HAProxy would bypass); with one replica at most, nothing is
+    asked (:attr:`~serve_app.config.AppConfig.routes_by_tokens`)."""
     config = AppConfig.model_validate(args or {})
     app = _application(config, LLMServer)
-    if haproxy_enabled() and config.routing.router == "tokens":
+    if haproxy_enabled() and config.routes_by_tokens:
         app = with_ingress_router(app)
     return app
 

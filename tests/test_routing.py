@@ -457,6 +457,27 @@ def test_the_app_config_selects_the_router_and_serve_can_load_it():
     assert "request_router_config" not in deployment_options(AppConfig(engine="simulated", routing={"router": "serve"}))
 
 
+def test_one_replica_at_most_is_not_routed_by_tokens_nor_behind_the_ingress_router(monkeypatch):
+    """With ``max_replicas: 1`` there is nothing to pick: Serve's own router, and under HAProxy no ingress router
+    for each request to visit first. From two replicas up, both."""
+    from serve_app import app as app_module
+    from serve_app.config import AppConfig
+    from serve_app.serving.options import deployment_options
+
+    one = {"engine": "simulated", "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
+    two = {**one, "autoscaling": {"min_replicas": 1, "max_replicas": 2}}
+    assert not AppConfig(**one).routes_by_tokens and AppConfig(**two).routes_by_tokens
+    assert "request_router_config" not in deployment_options(AppConfig(**one))
+    assert "request_router_config" in deployment_options(AppConfig(**two))
+    monkeypatch.setattr(app_module, "haproxy_enabled", lambda: True)
+    attached: list[Any] = []
+    monkeypatch.setattr(app_module, "with_ingress_router", lambda app: attached.append(app) or app)
+    app_module.build_app(one)
+    assert attached == []
+    app_module.build_app(two)
+    assert len(attached) == 1
+
+
 # -- Several replicas on several nodes ----------------------------------------------------------------------
 
 

@@ -124,7 +124,8 @@ class RoutingSettings(Strict):
     """How callers (the HTTP proxy, handles) pick a replica. `tokens`: the replica holding the fewest tokens
     (queued + in flight, as each replica reports them, plus what was routed to it since), so a 48-prompt batch
     counts as 48 prompts, not one request; Serve's power of two choices on ongoing requests where a replica's
-    report is stale. `serve`: Serve's default router, as shipped."""
+    report is stale. `serve`: Serve's default router, as shipped. With `autoscaling.max_replicas: 1` there is nothing
+    to pick, and Serve's router is used either way (under HAProxy, no hop to the ingress router)."""
 
     router: Literal["tokens", "serve"] = Field("tokens", description="`tokens` or `serve` (Serve's default)")
     stats_period_s: float = Field(
@@ -231,6 +232,13 @@ class AppConfig(DeploymentConfig):
                 "gpus_per_replica must be auto or 0 with a placement group: the engine's workers hold the GPUs, "
                 "in placement.bundle_per_worker"
             )
+
+    @property
+    def routes_by_tokens(self) -> bool:
+        """Whether callers pick a replica with the token router: ``routing.router: tokens`` and more than one
+        replica to pick from. With at most one, Serve's own router picks the same replica, and under HAProxy no
+        request pays the hop to the ingress router first."""
+        return self.routing.router == "tokens" and self.autoscaling.max_replicas > 1
 
     @property
     def max_model_len(self) -> int:

@@ -69,8 +69,8 @@ def deployment_options(config: DeploymentConfig) -> dict[str, Any]:
         "health_check_period_s": 5.0,
         "health_check_timeout_s": 30.0,
     }
-    routing = getattr(config, "routing", None)
-    if routing is not None and routing.router == "tokens":
+    if getattr(config, "routes_by_tokens", False):
+        routing = config.routing  # type: ignore[attr-defined]
         options["request_router_config"] = {
             "request_router_class": ROUTER_PATH,
             "request_router_kwargs": {
