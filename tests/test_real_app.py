@@ -242,6 +242,39 @@ def test_openai_client_gets_vllms_log_probabilities(served_app):
     assert math.isclose(got.token_logprobs[prompt_tokens - 1], logprob, abs_tol=0.05), (got, logprob)
 
 
+HANDLE_LOGPROBS = """
+import json, ray
+from ray import serve
+ray.init(address="auto", namespace="serve")
+llm = serve.get_app_handle("llm")
+messages = [{"role": "user", "content": "What is the capital of France?"}]
+whole = llm.chat.remote(messages, max_tokens=6, logprobs=True, top_logprobs=2).result()
+items = list(llm.options(stream=True).chat_stream.remote(messages, max_tokens=6, logprobs=True, top_logprobs=2))
+print(json.dumps({"whole": whole, "items": items}))
+"""
+
+
+def test_handle_chat_returns_log_probabilities_whole_and_streamed(served_app):
+    """``chat`` and ``chat_stream`` through a DeploymentHandle with ``logprobs=True``: one entry per generated
+    token, its alternatives as many as asked, each delta carrying its own tokens'."""
+    import json
+
+    _, env = served_app
+    result = subprocess.run(
+        [sys.executable, "-c", HANDLE_LOGPROBS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    whole, items = got["whole"], got["items"]
+    assert len(whole["logprobs"]) == whole["output_tokens"] and "prompt_logprobs" not in whole
+    for entry in whole["logprobs"]:
+        assert entry["logprob"] <= 0 and len(entry["top"]) in (2, 3)  # the token and the 2 most likely, repeats merged
+        assert entry["top"][0][0] == entry["token"]
+    streamed = [entry for item in items if item["type"] == "delta" for entry in item["logprobs"]]
+    assert [e["token"] for e in streamed] == [e["token"] for e in whole["logprobs"]]
+    assert items[-1]["type"] == "result" and len(items[-1]["logprobs"]) == len(streamed)
+
+
 @pytest.mark.parametrize("backend", ["openai", "openai-chat"])
 def test_vllm_bench_serve_completes_every_request(served_app, backend, tmp_path):
     """vLLM's own benchmark client (``vllm bench serve``: always streaming, stream_options, content parts,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
@@ -109,7 +110,10 @@ class LLMServer(Replica):
     async def _stream(self, requests: list[GenerationRequest]) -> AsyncIterator[dict[str, Any]]:
         async for _, output in self.core.run(requests):
             if isinstance(output, GenerationDelta):
-                yield {"type": "delta", "text": output.text, "output_tokens": output.output_tokens}
+                item = {"type": "delta", "text": output.text, "output_tokens": output.output_tokens}
+                if output.logprobs is not None:  # asked for (``chat_stream(..., logprobs=True)``)
+                    item["logprobs"] = [asdict(token) for token in output.logprobs]
+                yield item
             else:
                 yield {"type": "result", **succeeded(output).to_dict()}
 
