@@ -100,3 +100,14 @@ def test_results_to_dict_carries_logprobs_only_where_asked_for():
         "logprob": -0.25,
         "top": ((" is", -0.25), (" was", -1.5), (" looks", -2.5)),
     }
+
+
+def test_echo_only_returns_the_prompt_and_its_logprobs_alone():
+    fmt = CompletionFormat("m", echo=["The sky"], logprobs=0, echo_only=True)
+    choice = dumped(fmt.response([result(prompt_logprobs=PROMPT)]))["choices"][0]
+    assert choice["text"] == "The sky" and choice["logprobs"]["tokens"] == ["The", " sky"]
+    stream = CompletionFormat("m", echo=["The sky"], logprobs=0, echo_only=True)
+    first = stream.chunks(0, GenerationDelta("r", " is", 1, OUTPUT[:1], PROMPT))
+    assert [dumped(c)["choices"][0]["text"] for c in first] == ["The sky"]
+    assert dumped(first[0])["choices"][0]["logprobs"]["tokens"] == ["The", " sky"]
+    assert stream.chunks(0, GenerationDelta("r", " blue", 2, OUTPUT[1:])) == []  # generated: left out

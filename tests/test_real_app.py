@@ -240,6 +240,16 @@ def test_openai_client_gets_vllms_log_probabilities(served_app):
     assert got.text_offset == [sum(len(t) for t in got.tokens[:i]) for i in range(len(got.tokens))]
     assert got.tokens[prompt_tokens - 1] == token
     assert math.isclose(got.token_logprobs[prompt_tokens - 1], logprob, abs_tol=0.05), (got, logprob)
+    # Prompt scoring (``max_tokens: 0``): the same prompt's tokens alone, with the same log probabilities.
+    scored = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt=prefix + token, max_tokens=0, logprobs=0, echo=True
+    )
+    alone = scored.choices[0].logprobs
+    assert scored.choices[0].text == prefix + token and alone.tokens == got.tokens[:prompt_tokens]
+    assert all(
+        (a is None and b is None) or math.isclose(a, b, abs_tol=0.05)
+        for a, b in zip(alone.token_logprobs, got.token_logprobs[:prompt_tokens], strict=True)
+    )
 
 
 HANDLE_LOGPROBS = """

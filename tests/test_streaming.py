@@ -129,6 +129,7 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         ("/v1/completions", {"frequency_penalty": 0.5, "presence_penalty": -0.5, "logit_bias": {"17": 3}}, 200, None),
         ("/v1/completions", {"seed": 3, "user": "u1", "ignore_eos": True, "stop": ["zz"], "n": 2}, 200, None),
         ("/v1/completions", {"echo": True, "best_of": 1, "logprobs": None, "suffix": None}, 200, None),
+        ("/v1/completions", {"echo": True, "max_tokens": 0}, 200, None),
         (
             "/v1/chat/completions",
             {"response_format": {"type": "text"}, "tool_choice": "none", "store": False},
@@ -142,6 +143,7 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         ("/v1/completions", {"logprobs": 0, "echo": True}, 400, "logprobs"),
         ("/v1/chat/completions", {"top_logprobs": 2}, 400, "top_logprobs"),
         ("/v1/completions", {"suffix": "end"}, 400, "suffix"),
+        ("/v1/completions", {"max_tokens": 0}, 400, "max_tokens"),
         ("/v1/completions", {"use_beam_search": True}, 400, "use_beam_search"),
         ("/v1/completions", {"stream_options": {"include_usage": True}}, 400, "stream_options"),
         ("/v1/chat/completions", {"logprobs": True}, 400, "logprobs"),
@@ -279,3 +281,18 @@ async def test_a_handle_stream_whose_prompt_fails_raises_after_its_deltas(app):
     assert [i["type"] for i in items] == ["delta"] * 3  # the deltas it made, then the error; never a result
     with pytest.raises(GenerationError, match="simulated failure"):
         await handle.chat.remote([{"role": "user", "content": "__simulated_fail__"}])
+
+
+async def test_echo_with_max_tokens_0_returns_the_prompt_alone_whole_and_streamed(app):
+    """Prompt scoring's request (``echo``, ``max_tokens: 0``): the prompt comes back and nothing generated, as
+    vLLM's server answers it (it generates one token and leaves it out)."""
+    url, _ = app
+    body = {"model": MODEL, "prompt": "alpha beta gamma", "echo": True, "max_tokens": 0}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        whole = await http.post("/v1/completions", json=body)
+        streamed = await http.post("/v1/completions", json={**body, "stream": True})
+    assert whole.status_code == 200, whole.text
+    (choice,) = whole.json()["choices"]
+    assert choice["text"] == "alpha beta gamma"
+    chunks = [json.loads(e) for e in sse_events(streamed.text)[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "alpha beta gamma"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -176,7 +177,10 @@ class RequestBuilder:
 
     async def completion(self, body: CompletionRequest) -> list[GenerationRequest]:
         """A completions body's requests, ``n`` per prompt; with ``echo``, each carries its prompt's text."""
-        requests = await self.prompts(body.prompts(), self.check(body, body.model), body.n, body.origin)
+        sampling = self.check(body, body.model)
+        if body.echo_only:  # as vLLM's server does: one token generated, the prompt alone returned
+            sampling = replace(sampling, max_tokens=1)
+        requests = await self.prompts(body.prompts(), sampling, body.n, body.origin)
         if body.echo:
             for request in requests:
                 request.prompt_text = request.prompt_text or await self.engine.decode(request.prompt_token_ids)

@@ -18,6 +18,7 @@ class CompletionRequest(OpenAIRequest):
     """OpenAI ``POST /v1/completions``."""
 
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
+    max_tokens: int | None = Field(None, ge=0, description="new tokens per prompt; 0 only with echo (vLLM's)")
     best_of: int | None = Field(None, ge=1)
     echo: bool | None = False
     logprobs: int | None = Field(None, ge=0, le=20)
@@ -29,7 +30,15 @@ class CompletionRequest(OpenAIRequest):
             out.append(("best_of", "best_of above n is not supported"))
         if self.suffix:
             out.append(("suffix", "suffix (insertion) is not supported"))
+        if self.max_tokens == 0 and not self.echo:
+            out.append(("max_tokens", "0 is allowed only with echo (the prompt alone, and its log probabilities)"))
         return out
+
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens`` 0: the prompt alone comes back (with ``logprobs``, its log probabilities,
+        what prompt scoring asks for); as vLLM does, one token is generated and left out."""
+        return bool(self.echo) and self.max_tokens == 0
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
         """``logprobs`` alternatives per token: the generated ones, and with ``echo`` the prompt's too (vLLM's)."""
@@ -53,8 +62,11 @@ class CompletionFormat:
     """``/v1/completions`` bodies for one request: ``n`` choices per prompt, each echoing its prompt if asked;
     ``logprobs``: alternatives per token where the request asked for log probabilities (None: it did not)."""
 
-    def __init__(self, model: str, n: int = 1, echo: Sequence[str] = (), logprobs: int | None = None) -> None:
+    def __init__(
+        self, model: str, n: int = 1, echo: Sequence[str] = (), logprobs: int | None = None, echo_only: bool = False
+    ) -> None:
         self.model, self.n, self.echo, self.logprobs = model, n, list(echo), logprobs
+        self.echo_only = echo_only  # the prompt alone: what was generated is left out (CompletionRequest.echo_only)
         self.id, self.created = new_id("cmpl"), int(time.time())
         self._started: set[int] = set()
         self._offsets: dict[int, int] = {}  # each choice's text so far, in characters (a stream's text_offset)
@@ -86,7 +98,8 @@ class CompletionFormat:
         if self.logprobs is None:
             return None
         prompt = (output.prompt_logprobs or ()) if self.echo and first else ()
-        return self._logprobs(index, [*prompt, *(output.logprobs or ())])
+        generated = () if self.echo_only else (output.logprobs or ())
+        return self._logprobs(index, [*prompt, *generated])
 
     def _completion(self, choices: list[CompletionChoice], results: Sequence[GenerationResult] | None) -> Completion:
         extra = {} if results is None else {"usage": usage(results, self.n)}
@@ -98,7 +111,7 @@ class CompletionFormat:
         choices = [
             CompletionChoice(
                 index=i,
-                text=self._prefix(i) + r.text,
+                text=self._prefix(i) + ("" if self.echo_only else r.text),
                 finish_reason=finish_reason(r),
                 logprobs=self._choice_logprobs(i, r, first=True),
             )
@@ -115,8 +128,11 @@ class CompletionFormat:
         """A delta of choice ``index`` (the first carries the echoed prompt, and with log probabilities the
         prompt's)."""
         first = index not in self._started
+        if self.echo_only and not first:
+            return []
         self._started.add(index)
-        text = self._prefix(index) + delta.text if first else delta.text
+        text = "" if self.echo_only else delta.text
+        text = self._prefix(index) + text if first else text
         return [self._chunk(index, text, None, self._choice_logprobs(index, delta, first))]
 
     def final_chunks(self, index: int, result: GenerationResult) -> list[Completion]:

@@ -138,7 +138,7 @@ class LLMServer(Replica):
         body.sent_with(key)
         requests = await self.core.requests.completion(body)
         echo = [r.prompt_text for r in requests[:: body.n]] if body.echo else []
-        fmt = CompletionFormat(self.config.model_name, body.n, echo, body.logprob_counts()[0])
+        fmt = CompletionFormat(self.config.model_name, body.n, echo, body.logprob_counts()[0], body.echo_only)
         return await self._answer(body, requests, fmt)
 
     @api.post("/v1/chat/completions")
