@@ -173,6 +173,10 @@ def pin_engines(ray_tmp: str) -> list[int]:
     return engines
 
 
+REQUEST_FIELDS = ("kind", "ok", "sent", "ttft", "e2e", "done", "tokens")
+"""What the JSON keeps of each request (seconds from the load's start, or from the request's own send)."""
+
+
 def summarize(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [o for o in outcomes if o["ok"]]
     chats = [o for o in ok if o["kind"] == "chat"]
@@ -223,6 +227,7 @@ def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, 
             "engines_pinned": len(pinned),
             **summarize(outcomes),
             **spread.summary(),
+            "requests": [{key: o.get(key) for key in REQUEST_FIELDS} for o in outcomes],  # the JSON's, for analysis
         }
     return row
 
@@ -291,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = measure_peer(name, folder, Path(tmp), events)
             except Exception as exc:  # a peer that does not deploy is reported as such; the others still run
                 row = {"peer": name, "error": repr(exc)[:300]}
-            print(json.dumps(row, default=str), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "requests"}, default=str), flush=True)
             rows.append(row)
     suffix = ("" if args.workload == "chats" else f"-{args.workload}") + ("-quick" if args.quick else "")
     text = markdown(rows, mode, args.workload, events, (time.monotonic() - began) / 60)
