@@ -80,6 +80,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     "chats": {"rate": 0.8, "chat_tokens": (8, 256), "prompts": 16, "tokens": 64, "first_s": 5.0, "every_s": 30.0},
     "batches": {"rate": 0.5, "chat_tokens": (8, 512), "prompts": 256, "tokens": 16, "first_s": 20.0, "every_s": 90.0},
 }
+DEFAULT_WORKLOAD = "chats"  # its page is routing_real.md; another workload's is routing_real-<name>.md
 PROMPT_WORDS = (8, 60)
 WORDS = ("river", "stone", "cloud", "paper", "light", "music", "garden", "window", "morning", "silver", "forest")
 
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peers", nargs="+", choices=list(PEERS), default=[p for p in PEERS if not any(o in p for o in OPTIONAL)]
     )
-    parser.add_argument("--workload", choices=list(WORKLOADS), default="chats")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default=DEFAULT_WORKLOAD)
     args = parser.parse_args(argv)
     from serve_app.models import prepare
 
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"peer": name, "error": repr(exc)[:300]}
             print(json.dumps({k: v for k, v in row.items() if k != "requests"}, default=str), flush=True)
             rows.append(row)
-    suffix = ("" if args.workload == "chats" else f"-{args.workload}") + ("-quick" if args.quick else "")
+    suffix = ("" if args.workload == DEFAULT_WORKLOAD else f"-{args.workload}") + ("-quick" if args.quick else "")
     text = markdown(rows, mode, args.workload, events, (time.monotonic() - began) / 60)
     (RESULTS / f"routing_real{suffix}.md").write_text(text)
     (RESULTS / f"routing_real{suffix}.json").write_text(json.dumps(rows, indent=2, default=str))
