@@ -3,6 +3,7 @@ HTTP and a DeploymentHandle ask for the capital of France (slow: a couple of min
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import math
 import os
@@ -138,6 +139,28 @@ def test_bad_input_is_refused_up_front(served_app):
     url, _ = served_app
     too_long = httpx.post(f"{url}/generate", json={"prompts": ["word " * 3000]}, timeout=60)
     assert too_long.status_code == 400 and "context" in too_long.text
+
+
+def test_openai_client_gets_json_matching_its_schema_and_a_400_for_what_vllm_refuses(served_app):
+    """docs/http.md's structured-output example as written (``response_format`` with a JSON schema, from the
+    OpenAI client) prints JSON that matches the schema; a schema vLLM cannot compile and a token id outside the
+    vocabulary are 400s naming the problem (they were 500s: vLLM refused them only once admitted)."""
+    openai = pytest.importorskip("openai")
+    url, env = served_app
+    http_md = (ROOT / "docs" / "http.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", http_md, flags=re.S) if "response_format" in b]
+    example = example.replace("http://localhost:8000", url)
+    result = subprocess.run([sys.executable, "-c", example], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert set(ast.literal_eval(result.stdout.strip())) == {"capital"}, result.stdout
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    bad_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(messages=FRANCE, model="SmolLM2-135M-Instruct", response_format=bad_format)
+    assert refused.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model="SmolLM2-135M-Instruct", prompt=[1, 2, 99999999], max_tokens=2)
+    assert "out of vocabulary" in refused.value.body["message"]
 
 
 def test_engine_and_replicas_keep_serve_runs_niceness(served_app):

@@ -241,3 +241,64 @@ def test_bare_vllm_peers_compute_as_the_app_does():
     with mock.patch.dict(os.environ):  # engine_settings() sets the KV cache size for its engine: not for later tests
         offline = engine_settings()
     assert {k: offline[k] for k in precision_args("auto", on_gpu=False)} == precision_args("auto", on_gpu=False)
+
+
+def test_what_vllm_would_refuse_on_admission_is_refused_before_it_queues(core, loop):
+    """vLLM's own checks (token ids within the vocabulary, a constraint its grammar backend can compile) run when
+    the request is built, as a RequestError naming the field: before, vLLM refused them once admitted, and a
+    client's mistake came back as the engine's failure (a 500)."""
+    from serve_app.core.requests import parse
+    from serve_app.errors import RequestError
+    from serve_app.openai.common import SamplingFields
+
+    def refusal(**fields):
+        with pytest.raises(RequestError) as caught:
+            core.requests.sampling(parse(SamplingFields, {"max_tokens": 4, **fields}))
+        return caught.value
+
+    error = refusal(logit_bias={"99999999": 1.0})
+    assert error.param == "logit_bias" and "out-of-vocab" in str(error)
+    assert refusal(stop_token_ids=[99999999]).param == "stop_token_ids"
+    error = refusal(structured_outputs={"regex": "(unclosed"})
+    assert error.param == "structured_outputs" and "regex" in str(error)
+    assert refusal(structured_outputs={"json": "{not json"}).param == "structured_outputs"
+
+    sampling = core.requests.sampling(parse(SamplingFields, {"max_tokens": 4}))
+    rows = loop.run_until_complete(core.requests.rows([[1, 2, 3], [5, 99999999]], sampling))
+    assert not isinstance(rows[0], RequestError)  # one bad row, the other goes on (as Ray Data jobs need)
+    assert isinstance(rows[1], RequestError) and "prompts[1]" in str(rows[1]) and "out of vocabulary" in str(rows[1])
+
+
+def test_structured_outputs_constrain_what_the_model_writes(core, loop):
+    """A JSON schema, a regular expression and a list of choices, each through vLLM's grammar backend on the CPU."""
+    import json
+    import re
+
+    from serve_app.core.requests import parse
+    from serve_app.openai.common import SamplingFields
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 32}, "capital": {"type": "boolean"}},
+        "required": ["city", "capital"],
+    }
+    constraints = [{"json": schema}, {"regex": "[0-9]{3}-[a-z]{2}"}, {"choice": ["Paris", "Lyon", "Nice"]}]
+
+    async def run():
+        requests = []
+        for constraint in constraints:
+            sampling = core.requests.sampling(
+                parse(SamplingFields, {"max_tokens": 128, "structured_outputs": constraint})
+            )
+            requests += await core.requests.chat(
+                [{"role": "user", "content": "Which French city is the capital, and how many people live there?"}],
+                sampling,
+            )
+        return await core.complete(requests)
+
+    as_json, as_regex, as_choice = loop.run_until_complete(run())
+    assert as_json.finish_reason == "stop", as_json.text  # the object closed, not cut at max_tokens
+    answer = json.loads(as_json.text)
+    assert set(answer) == {"city", "capital"} and isinstance(answer["capital"], bool), as_json.text
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", as_regex.text), as_regex.text
+    assert as_choice.text in {"Paris", "Lyon", "Nice"}, as_choice.text

@@ -147,7 +147,20 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         ("/v1/completions", {"use_beam_search": True}, 400, "use_beam_search"),
         ("/v1/completions", {"stream_options": {"include_usage": True}}, 400, "stream_options"),
         ("/v1/chat/completions", {"logprobs": True}, 400, "logprobs"),
+        # structured output: the simulated engine constrains none (vLLM's does: test_real_vllm_engine.py)
         ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, 400, "response_format"),
+        ("/v1/completions", {"structured_outputs": {"choice": ["a", "b"]}}, 400, "structured_outputs"),
+        ("/v1/chat/completions", {"response_format": {"type": "structural_tag", "format": {}}}, 400, "response_format"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_object", "extra": 1}}, 422, "response_format"),
+        (
+            "/v1/chat/completions",
+            {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a+"}},
+            400,
+            "response_format",
+        ),
+        ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, 422, "response_format"),
+        ("/v1/completions", {"structured_outputs": {"regex": "a", "choice": ["b"]}}, 422, "structured_outputs"),
+        ("/v1/completions", {"structured_outputs": {"disable_any_whitespace": True}}, 422, "structured_outputs"),
         ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
         ("/v1/chat/completions", {"model": "gpt-9"}, 404, "model"),
         # malformed or unknown

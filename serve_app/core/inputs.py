@@ -16,8 +16,8 @@ from typing import Any
 from ..config import EmbeddingConfig
 from ..engines.embedding import EmbeddingEngine, EmbeddingRequest
 from ..errors import ModelNotFoundError, RequestError
-from ..openai.common import is_valid_unicode
 from ..openai.embeddings import EmbeddingRequestBody
+from ..openai.types import is_valid_unicode
 from .base import check_batch
 
 

@@ -19,11 +19,12 @@ from ..config import AppConfig
 from ..engines import Engine, GenerationRequest, SamplingOptions
 from ..errors import ModelNotFoundError, RequestError, validation_error
 from ..openai.chat import ChatCompletionRequest
-from ..openai.common import Origin, SamplingFields, is_valid_unicode
+from ..openai.common import Origin, SamplingFields
 from ..openai.completions import CompletionRequest
+from ..openai.types import is_valid_unicode
 from .base import check_batch
 
-_NOT_SAMPLING = {"max_tokens", "temperature", "top_p", "stop", "seed", "logit_bias", "logprobs"}
+_NOT_SAMPLING = {"max_tokens", "temperature", "top_p", "stop", "seed", "logit_bias", "logprobs", "structured_outputs"}
 INTERACTIVE = Origin()
 """Priority 0, no tenant: what an HTTP or handle request is unless it says otherwise."""
 
@@ -73,10 +74,7 @@ class RequestBuilder:
         if "stop_token_ids" in given:
             given["stop_token_ids"] = tuple(given["stop_token_ids"])
         logprobs, prompt_logprobs = fields.logprob_counts()
-        if logprobs is not None and not self.engine.returns_logprobs:
-            why = f"logprobs: the {self.engine.name} engine does not return log probabilities"
-            raise RequestError(why, param="logprobs")
-        return SamplingOptions(
+        options = SamplingOptions(
             max_tokens=max_tokens,
             temperature=fields.temperature if fields.temperature is not None else defaults.temperature,
             top_p=fields.top_p if fields.top_p is not None else defaults.top_p,
@@ -85,8 +83,17 @@ class RequestBuilder:
             logit_bias=tuple((int(token), bias) for token, bias in (fields.logit_bias or {}).items()),
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            structured_outputs=fields.output_constraint(),
             **given,
         )
+        try:
+            self.engine.check_sampling(options)
+        except RequestError as exc:
+            field = fields.constraint_field()
+            if exc.param != "structured_outputs" or field == exc.param:
+                raise
+            raise RequestError(str(exc).replace(exc.param, field, 1), param=field) from None  # as the body names it
+        return options
 
     # -- Prompts ------------------------------------------------------------------------------------------
 
@@ -110,6 +117,7 @@ class RequestBuilder:
         if _is_token_ids(prompt):
             if not prompt:
                 raise RequestError(f"{what} is empty")
+            self.engine.check_token_ids(prompt, what)
         elif isinstance(prompt, str):
             if not prompt.strip():
                 raise RequestError(f"{what} is empty")

@@ -13,6 +13,7 @@ from .base import (
     GenerationRequest,
     GenerationResult,
     SamplingOptions,
+    StructuredOutputs,
     TokenLogprob,
     progress,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "SamplingOptions",
+    "StructuredOutputs",
     "TokenLogprob",
     "build_engine",
     "progress",

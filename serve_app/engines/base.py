@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..errors import EngineDeadError
+from ..errors import EngineDeadError, RequestError
 
 __all__ = [
     "Engine",
@@ -22,9 +22,25 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "SamplingOptions",
+    "StructuredOutputs",
     "TokenLogprob",
     "progress",
 ]
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """A constraint the output must match (vLLM's structured outputs), exactly one of: a JSON schema (as JSON
+    text), any JSON object, a regular expression, one of a list of choices, or an EBNF/Lark grammar."""
+
+    json: str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,8 @@ class SamplingOptions:
     """Log probabilities of each generated token and of this many alternatives (0: the token's own); None: none."""
     prompt_logprobs: int | None = None
     """The same for each prompt token (what OpenAI's completions ``echo`` with ``logprobs`` returns)."""
+    structured_outputs: StructuredOutputs | None = None
+    """A constraint the output must match (``response_format``, vLLM's ``structured_outputs``); None: free text."""
 
 
 @dataclass
@@ -159,7 +177,21 @@ class Engine(abc.ABC):
     continuous: bool = True
     returns_logprobs: bool = False
     """Whether it computes log probabilities (``SamplingOptions.logprobs``); a request for them is refused if not."""
+    structures_outputs: bool = False
+    """Whether it constrains outputs (``SamplingOptions.structured_outputs``); a request for it is refused if not."""
     max_model_len: int
+
+    def check_sampling(self, sampling: SamplingOptions) -> None:
+        """Raise :class:`RequestError` naming the field for sampling this engine cannot honour, before the request
+        is queued (an engine that refused it only once admitted would answer a client's mistake as a failure)."""
+        if sampling.logprobs is not None and not self.returns_logprobs:
+            raise RequestError(f"logprobs: the {self.name} engine does not return log probabilities", param="logprobs")
+        if sampling.structured_outputs is not None and not self.structures_outputs:
+            why = f"structured_outputs: the {self.name} engine does not constrain outputs (structured output)"
+            raise RequestError(why, param="structured_outputs")
+
+    def check_token_ids(self, token_ids: Sequence[int], what: str) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`RequestError` if a prompt given as token ids holds one the model does not have."""
 
     @abc.abstractmethod
     async def encode(self, texts: Sequence[str]) -> list[list[int]]:

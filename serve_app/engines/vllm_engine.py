@@ -9,11 +9,14 @@ event loop: no second tokenizer), so a prompt's token count, the batcher's cost,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import asdict, replace
 from typing import Any
 
 from ..config import VLLMSettings
+from ..errors import RequestError
 from .async_llm import (
     AsyncLLMLifecycle,
     has_cuda,
@@ -45,6 +48,20 @@ against 1.05 s and p99 1.61 s against 1.90 s on average, the job keeping 0.73-0.
 longer prompts wait for the others to drain)."""
 
 
+@contextlib.contextmanager
+def vllm_refusals(what: str | None = None) -> Iterator[None]:
+    """vLLM's verdict on a request's own fault (``VLLMClientError``: vLLM's server answers it with a 4xx) as a
+    :class:`RequestError` naming the field (vLLM's ``parameter``, else ``what``)."""
+    from vllm.exceptions import VLLMClientError
+
+    try:
+        yield
+    except VLLMClientError as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        param = what or getattr(exc, "parameter", None)
+        raise RequestError(f"{what}: {message}" if what else message, param=param) from None
+
+
 def paced_step_tokens(step_tokens: int) -> int:
     """Lower priorities' tokens a step on a CPU while interactive requests are about: a share of vLLM's step."""
     return max(1, step_tokens // PACED_STEP_SHARE)
@@ -55,6 +72,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
 
     name = "vllm"
     returns_logprobs = True
+    structures_outputs = True
 
     def __init__(self, model: str, settings: VLLMSettings, workers_on_gpus: bool = False) -> None:
         """``workers_on_gpus``: the engine's workers run in the replica's placement group, on its GPUs (the replica
@@ -108,12 +126,35 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         step = self._llm.vllm_config.scheduler_config.max_num_batched_tokens
         return paced_step_tokens(step)
 
+    def check_sampling(self, sampling: SamplingOptions) -> None:
+        """The engine-agnostic checks, then vLLM's own on the ``SamplingParams`` it would run (token ids in
+        ``logit_bias`` and ``stop_token_ids`` within the vocabulary, a structured-output constraint its backend can
+        compile...), so that what vLLM would refuse on admission is a 400 before the request queues."""
+        super().check_sampling(sampling)
+        processor = self._llm.input_processor
+        configs = processor.model_config, processor.speculative_config, processor.structured_outputs_config
+
+        with vllm_refusals():  # all but the constraint, each refusal named by vLLM
+            self.sampling_params(replace(sampling, structured_outputs=None)).verify(*configs, processor.tokenizer)
+        if sampling.structured_outputs is not None:  # then the constraint: what fails now is its fault
+            with vllm_refusals("structured_outputs"):
+                self.sampling_params(sampling).verify(*configs, processor.tokenizer)
+
+    def check_token_ids(self, token_ids: Sequence[int], what: str) -> None:
+        """vLLM's renderer's own check: every id within the model's (or its tokenizer's) vocabulary."""
+        with vllm_refusals(what):
+            self._llm.renderer.validate_token_ids(token_ids)
+
     @staticmethod
     def sampling_params(s: SamplingOptions) -> Any:
         """vLLM's ``SamplingParams`` for validated options, streaming deltas."""
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+        structured = s.structured_outputs
+        if structured is not None:
+            fields = {**asdict(structured), "choice": list(structured.choice) if structured.choice else None}
+            structured = StructuredOutputsParams(**fields)
         return SamplingParams(
             max_tokens=s.max_tokens,
             temperature=s.temperature,
@@ -133,6 +174,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             seed=s.seed,
             logprobs=s.logprobs,
             prompt_logprobs=s.prompt_logprobs,
+            structured_outputs=structured,
             output_kind=RequestOutputKind.DELTA,
         )
 

@@ -17,8 +17,9 @@ from openai.types.chat.chat_completion_token_logprob import TopLogprob
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
-from .common import OpenAIRequest, Refusal, Text, clamp_logprob, new_id, usage
+from .common import OpenAIRequest, clamp_logprob, new_id, usage
 from .completions import finish_reason
+from .types import Refusal, Text
 
 
 class ContentPart(BaseModel):
@@ -58,7 +59,6 @@ class ChatCompletionRequest(OpenAIRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -90,8 +90,6 @@ class ChatCompletionRequest(OpenAIRequest):
         out = super().refusals()
         if self.top_logprobs and not self.logprobs:
             out.append(("top_logprobs", "top_logprobs needs logprobs: true"))
-        if self.response_format and self.response_format.get("type") != "text":
-            out.append(("response_format", "only response_format type 'text' is supported (no structured output)"))
         if self.tools or self.functions:
             out.append(("tools" if self.tools else "functions", "tool calling is not supported by this server"))
         if self.tool_choice not in (None, "none", "auto") or self.function_call not in (None, "none", "auto"):

@@ -1,4 +1,4 @@
-"""What the endpoints share: text and token-id types, the sampling fields (OpenAI's and vLLM's extensions), the
+"""What the endpoints share: the sampling fields (OpenAI's and vLLM's extensions), the
 fields both OpenAI generation endpoints have, token usage, and Server-Sent Events framing."""
 
 from __future__ import annotations
@@ -12,39 +12,13 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Header
 from openai.types import CompletionUsage
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from ..engines import GenerationResult
+from ..engines import GenerationResult, StructuredOutputs
+from .structured import ResponseFormat, StructuredOutputsFields
+from .types import Priority, Refusal, Text, TokenId
 
 DONE = "data: [DONE]\n\n"
-
-
-def is_valid_unicode(text: str) -> bool:
-    """Whether ``text`` encodes to UTF-8: JSON's ``\\ud800`` escapes decode to lone surrogates, which no
-    tokenizer and no JSON response can carry."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _valid_unicode(value: str) -> str:
-    if not is_valid_unicode(value):
-        raise ValueError("not valid Unicode: holds a lone surrogate (such as '\\ud800')")
-    return value
-
-
-Text = Annotated[str, AfterValidator(_valid_unicode)]
-"""A string that encodes to UTF-8 (JSON lets a client send lone surrogates; nothing downstream takes them)."""
-
-TokenId = Annotated[int, Field(ge=0, lt=2**31)]
-
-Priority = Annotated[int, Field(ge=-(2**31), lt=2**31)]
-"""vLLM's request priority: lower runs first (interactive requests 0, batch jobs larger)."""
-
-Refusal = tuple[str, str]
-"""``(field, why)``: a field set to something this server cannot honour (a 400 naming it)."""
 
 
 class SamplingFields(BaseModel):
@@ -70,6 +44,7 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[TokenId] | None = Field(None, max_length=64)
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
+    structured_outputs: StructuredOutputsFields | None = None
 
     @field_validator("stop")
     @classmethod
@@ -98,6 +73,14 @@ class SamplingFields(BaseModel):
         """How many alternatives to return with each generated token's log probability, and with each prompt
         token's (None: no log probabilities); the endpoints that return them say."""
         return None, None
+
+    def output_constraint(self) -> StructuredOutputs | None:
+        """What the output must match (``structured_outputs``); None: free text."""
+        return self.structured_outputs.constraint() if self.structured_outputs is not None else None
+
+    def constraint_field(self) -> str:
+        """The body's field that sets :meth:`output_constraint` (what a refusal of it names)."""
+        return "structured_outputs"
 
 
 class Origin(BaseModel):
@@ -170,9 +153,14 @@ class OpenAIRequest(SamplingFields, OriginFields):
     use_beam_search: bool = False
     length_penalty: float = 1.0
     request_id: Text | None = None
+    response_format: ResponseFormat | None = None
 
     def refusals(self) -> list[Refusal]:
         out = super().refusals()
+        if self.response_format is not None and self.response_format.type == "structural_tag":
+            out.append(("response_format", "type 'structural_tag' is not supported; use json_schema"))
+        elif self.response_format is not None and self.response_format.type != "text" and self.structured_outputs:
+            out.append(("response_format", "set response_format or structured_outputs, not both"))
         if self.use_beam_search:
             out.append(("use_beam_search", "beam search is not supported; use sampling"))
         if self.length_penalty != 1.0:
@@ -182,6 +170,15 @@ class OpenAIRequest(SamplingFields, OriginFields):
         if self.stream_options is not None and self.stream_options.continuous_usage_stats:
             out.append(("stream_options", "continuous_usage_stats is not supported"))
         return out
+
+    def output_constraint(self) -> StructuredOutputs | None:
+        """``response_format``'s constraint, else ``structured_outputs``'s."""
+        constraint = self.response_format.constraint() if self.response_format is not None else None
+        return constraint or super().output_constraint()
+
+    def constraint_field(self) -> str:
+        has_format = self.response_format is not None and self.response_format.type != "text"
+        return "response_format" if has_format else super().constraint_field()
 
     @property
     def include_usage(self) -> bool:

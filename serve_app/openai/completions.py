@@ -11,7 +11,8 @@ from openai.types.completion_choice import Logprobs
 from pydantic import Field
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
-from .common import OpenAIRequest, Refusal, Text, TokenId, clamp_logprob, new_id, usage
+from .common import OpenAIRequest, clamp_logprob, new_id, usage
+from .types import Refusal, Text, TokenId
 
 
 class CompletionRequest(OpenAIRequest):

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .common import Refusal, Text, TokenId
+from .types import Refusal, Text, TokenId
 
 
 class EmbeddingRequestBody(BaseModel):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from .common import OriginFields, SamplingFields, Text
+from .common import OriginFields, SamplingFields
+from .types import Text
 
 
 class GenerateRequest(SamplingFields, OriginFields):
