@@ -165,3 +165,28 @@ def test_driver_logs_progress_a_person_can_read(app, tmp_path, caplog):
         "rows 15/30 (50%), 30.0 output tok/s, ETA 2 s, 1 errors"
     )
     assert describe({"rows": 0, "tokens": 0, "errors": 0}, 30, 1.0).endswith("ETA unknown, 0 errors")
+
+
+def test_a_job_that_asks_for_log_probabilities_gets_a_typed_logprobs_column():
+    """Rows carry ``logprobs`` (Arrow-typed, so batches with and without a failed row are one dataset) only where
+    the job's sampling asks for them; minus infinity stays as the engine computed it, a failed row has null."""
+    import numpy as np
+
+    from serve_app.core.generator import error_row
+    from serve_app.data.rows import GENERATE_COLUMNS, LOGPROBS_TYPE, generate_columns, rows_out
+
+    assert generate_columns({"max_tokens": 8}) is GENERATE_COLUMNS and "logprobs" not in GENERATE_COLUMNS
+    columns = generate_columns({"max_tokens": 8, "logprobs": 1})
+    token = {"token": "Paris", "logprob": -0.25, "top": (("Paris", -0.25), ("Lyon", float("-inf")))}
+    done = {"text": "Paris", "prompt_tokens": 3, "output_tokens": 1, "finish_reason": "stop", "error": None}
+    table = rows_out({"prompt": np.array(["a", "b"])}, [{**done, "logprobs": (token,)}, error_row("boom")], columns)
+    assert table.schema.field("logprobs").type == LOGPROBS_TYPE
+    first, failed = table.column("logprobs").to_pylist()
+    assert first == [
+        {
+            "token": "Paris",
+            "logprob": -0.25,
+            "top": [{"token": "Paris", "logprob": -0.25}, {"token": "Lyon", "logprob": float("-inf")}],
+        }
+    ]
+    assert failed is None

@@ -141,10 +141,11 @@ def test_bad_input_is_refused_up_front(served_app):
     assert too_long.status_code == 400 and "context" in too_long.text
 
 
-def test_openai_client_gets_json_matching_its_schema_and_a_400_for_what_vllm_refuses(served_app):
+def test_structured_output_and_generate_logprobs_and_a_400_for_what_vllm_refuses(served_app):
     """docs/http.md's structured-output example as written (``response_format`` with a JSON schema, from the
-    OpenAI client) prints JSON that matches the schema; a schema vLLM cannot compile and a token id outside the
-    vocabulary are 400s naming the problem (they were 500s: vLLM refused them only once admitted)."""
+    OpenAI client) prints JSON that matches the schema; ``/generate`` takes vLLM's ``structured_outputs`` and
+    ``logprobs`` too; a schema vLLM cannot compile and a token id outside the vocabulary are 400s naming the
+    problem (they were 500s: vLLM refused them only once admitted)."""
     openai = pytest.importorskip("openai")
     url, env = served_app
     http_md = (ROOT / "docs" / "http.md").read_text()
@@ -153,6 +154,21 @@ def test_openai_client_gets_json_matching_its_schema_and_a_400_for_what_vllm_ref
     result = subprocess.run([sys.executable, "-c", example], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert set(ast.literal_eval(result.stdout.strip())) == {"capital"}, result.stdout
+    answer = httpx.post(
+        f"{url}/generate",
+        json={
+            "prompts": ["The capital of France is"],
+            "max_tokens": 4,
+            "logprobs": 2,
+            "structured_outputs": {"choice": [" Paris", " Lyon"]},
+        },
+        timeout=120,
+    ).json()
+    (detail,) = answer["details"]
+    assert answer["results"][0] in (" Paris", " Lyon"), answer
+    assert len(detail["logprobs"]) == detail["output_tokens"] and all(
+        1 <= len(token["top"]) <= 3 and token["top"][0][0] == token["token"] for token in detail["logprobs"]
+    ), detail
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     bad_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}
     with pytest.raises(openai.BadRequestError) as refused:
@@ -283,13 +299,16 @@ llm = serve.get_app_handle("llm")
 messages = [{"role": "user", "content": "What is the capital of France?"}]
 whole = llm.chat.remote(messages, max_tokens=6, logprobs=True, top_logprobs=2).result()
 items = list(llm.options(stream=True).chat_stream.remote(messages, max_tokens=6, logprobs=True, top_logprobs=2))
-print(json.dumps({"whole": whole, "items": items}))
+plain = llm.generate.remote("The capital of France is", max_tokens=6, logprobs=2).result()
+rows = llm.generate_batch.remote(["The capital of France is", ""], max_tokens=6, logprobs=2).result()
+print(json.dumps({"whole": whole, "items": items, "plain": plain, "rows": rows}))
 """
 
 
 def test_handle_chat_returns_log_probabilities_whole_and_streamed(served_app):
-    """``chat`` and ``chat_stream`` through a DeploymentHandle with ``logprobs=True``: one entry per generated
-    token, its alternatives as many as asked, each delta carrying its own tokens'."""
+    """``chat`` and ``chat_stream`` through a DeploymentHandle with ``logprobs=True``, ``generate`` and
+    ``generate_batch`` with ``logprobs=2``: one entry per generated token, its alternatives as many as asked, each
+    delta carrying its own tokens'."""
     import json
 
     _, env = served_app
@@ -306,6 +325,11 @@ def test_handle_chat_returns_log_probabilities_whole_and_streamed(served_app):
     streamed = [entry for item in items if item["type"] == "delta" for entry in item["logprobs"]]
     assert [e["token"] for e in streamed] == [e["token"] for e in whole["logprobs"]]
     assert items[-1]["type"] == "result" and len(items[-1]["logprobs"]) == len(streamed)
+    # generate and generate_batch take logprobs=k (completions' meaning): the same shape, the same greedy answer
+    plain, (row, refused) = got["plain"], got["rows"]
+    assert [e["token"] for e in plain["logprobs"]] == [e["token"] for e in row["logprobs"]]
+    assert len(plain["logprobs"]) == plain["output_tokens"] and all(len(e["top"]) in (2, 3) for e in plain["logprobs"])
+    assert refused["error"].startswith("invalid:") and "logprobs" not in refused
 
 
 @pytest.mark.parametrize("backend", ["openai", "openai-chat"])

@@ -194,6 +194,21 @@ async def test_openai_field_matrix(app, path, extra, status, param):
         assert param in (error["param"] or "") and param in error["message"]
 
 
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"logprobs": 1}, "logprobs"), ({"structured_outputs": {"choice": ["yes", "no"]}}, "structured_outputs")],
+)
+async def test_generate_refuses_what_the_simulated_engine_cannot_compute_naming_it(app, extra, param):
+    """``/generate`` takes the sampling fields the OpenAI routes do; the simulated engine computes no log
+    probabilities and constrains no output, so both are 400s naming the field (vLLM's engine honours them:
+    tests/test_real_app.py)."""
+    url, _ = app
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        response = await http.post("/generate", json={"prompts": ["hi"], "max_tokens": 2, **extra})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
 async def test_image_content_part_is_refused_naming_it(app):
     url, _ = app
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}

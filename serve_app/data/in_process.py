@@ -9,7 +9,7 @@ cancel, per-row errors).
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from ..config import AppConfig, EmbeddingConfig
 from ..core import Embedder, Generator
 from ..core.base import freeze_startup_heap
 from ..openai.common import Origin
-from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, rows_out, texts
+from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, generate_columns, rows_out, texts
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class _InProcess:
     """A ``map_batches`` callable class over one core, started on the actor's event loop at its first batch and
     released when Ray Data lets the actor go."""
 
-    columns: ClassVar[dict[str, Any]]
+    columns: dict[str, Any]  # a class's own, or its instance's (a generation job's with logprobs)
 
     def __init__(self, core: Any, column: str) -> None:
         self.core = core
@@ -52,7 +52,8 @@ class _InProcess:
 
 class InProcessGenerate(_InProcess):
     """Each row's prompt through the actor's generation core; rows gain ``text``, ``prompt_tokens``,
-    ``output_tokens``, ``finish_reason`` and ``error`` (None on success), as with ``ServeGenerate``.
+    ``output_tokens``, ``finish_reason`` and ``error`` (None on success), and ``logprobs`` where the sampling asks
+    for them, as with ``ServeGenerate``.
 
     Args:
         config: the generation app's ``args`` (:class:`~serve_app.config.AppConfig`).
@@ -61,7 +62,7 @@ class InProcessGenerate(_InProcess):
         priority, tenant: how the actor's batcher orders the rows, if the actor serves several jobs' batches.
     """
 
-    columns: ClassVar[dict[str, Any]] = GENERATE_COLUMNS
+    columns: dict[str, Any] = GENERATE_COLUMNS
 
     def __init__(
         self,
@@ -73,6 +74,7 @@ class InProcessGenerate(_InProcess):
     ) -> None:
         super().__init__(Generator(AppConfig.model_validate(config or {})), prompt_column)
         self.sampling = dict(sampling or {})
+        self.columns = generate_columns(self.sampling)
         self.origin = Origin(priority=priority, tenant=tenant)
 
     async def rows(self, values: list[str]) -> list[dict[str, Any]]:
@@ -89,7 +91,7 @@ class InProcessEmbed(_InProcess):
         truncate_prompt_tokens: keep the first N tokens of a longer text (-1: the model's maximum).
     """
 
-    columns: ClassVar[dict[str, Any]] = EMBED_COLUMNS
+    columns: dict[str, Any] = EMBED_COLUMNS
 
     def __init__(
         self, config: dict[str, Any] | None = None, text_column: str = "text", truncate_prompt_tokens: int | None = None

@@ -27,7 +27,7 @@ from ..core.generator import error_row as generate_error_row
 from .progress import report
 from .resume import checkpointed
 from .retries import Retries
-from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, rows_out, texts
+from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, generate_columns, rows_out, texts
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class _ServeRows:
     """
 
     method: ClassVar[str]
-    columns: ClassVar[dict[str, Any]]
+    columns: dict[str, Any]  # a class's own, or its instance's (a generation job's with logprobs)
     tokens_key: ClassVar[str]
     error_row: ClassVar[Callable[[str], dict[str, Any]]]
 
@@ -108,12 +108,13 @@ class _ServeRows:
 
 
 class ServeGenerate(_ServeRows):
-    """Each batch's prompts go to the generation app as one ``generate_batch`` request; see :class:`_ServeRows`
-    for the arguments (``prompt_column`` and ``sampling`` name two of them here)."""
+    """Each batch's prompts go to the generation app as one ``generate_batch`` request (rows gain ``logprobs`` too
+    where ``sampling`` asks for them); see :class:`_ServeRows` for the arguments (``prompt_column`` and
+    ``sampling`` name two of them here)."""
 
     method: ClassVar[str] = "generate_batch"
     tokens_key: ClassVar[str] = "output_tokens"
-    columns: ClassVar[dict[str, Any]] = GENERATE_COLUMNS
+    columns: dict[str, Any] = GENERATE_COLUMNS
     error_row = staticmethod(generate_error_row)
 
     def __init__(
@@ -125,6 +126,7 @@ class ServeGenerate(_ServeRows):
         **options: Any,
     ) -> None:
         super().__init__(app, deployment, prompt_column, sampling, **options)
+        self.columns = generate_columns(sampling)
 
 
 class ServeEmbed(_ServeRows):
@@ -133,7 +135,7 @@ class ServeEmbed(_ServeRows):
 
     method: ClassVar[str] = "embed_batch"
     tokens_key: ClassVar[str] = "tokens"
-    columns: ClassVar[dict[str, Any]] = EMBED_COLUMNS
+    columns: dict[str, Any] = EMBED_COLUMNS
     error_row = staticmethod(embed_error_row)
 
     def __init__(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,19 @@ GENERATE_COLUMNS: dict[str, Any] = {
     "error": pa.string(),
 }
 """What a generation job adds to each row."""
+
+_LOGPROB = [("token", pa.string()), ("logprob", pa.float64())]
+LOGPROBS_TYPE = pa.list_(pa.struct([*_LOGPROB, ("top", pa.list_(pa.struct(_LOGPROB)))]))
+"""A row's ``logprobs``: one ``{token, logprob, top}`` per generated token, ``top`` its alternatives'."""
+
+
+def generate_columns(sampling: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a generation job with this sampling adds to each row: :data:`GENERATE_COLUMNS`, and ``logprobs``
+    where the sampling asks for them (null in a failed row)."""
+    if (sampling or {}).get("logprobs") is None:
+        return GENERATE_COLUMNS
+    return {**GENERATE_COLUMNS, "logprobs": LOGPROBS_TYPE}
+
 
 EMBED_COLUMNS: dict[str, Any] = {"embedding": pa.list_(pa.float64()), "tokens": pa.int64(), "error": pa.string()}
 """What an embedding job adds to each row."""

@@ -45,6 +45,9 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     structured_outputs: StructuredOutputsFields | None = None
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="log probability of each generated token, with this many alternatives"
+    )
 
     @field_validator("stop")
     @classmethod
@@ -71,8 +74,8 @@ class SamplingFields(BaseModel):
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
         """How many alternatives to return with each generated token's log probability, and with each prompt
-        token's (None: no log probabilities); the endpoints that return them say."""
-        return None, None
+        token's (None: no log probabilities): ``logprobs`` for the generated tokens; the OpenAI endpoints say theirs."""
+        return self.logprobs, None
 
     def output_constraint(self) -> StructuredOutputs | None:
         """What the output must match (``structured_outputs``); None: free text."""

@@ -3,9 +3,11 @@ texts in input order (``results``) and each prompt's details."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Annotated
 
-from .common import OriginFields, SamplingFields
+from pydantic import AfterValidator, BaseModel, Field
+
+from .common import OriginFields, SamplingFields, clamp_logprob
 from .types import Text
 
 
@@ -16,14 +18,24 @@ class GenerateRequest(SamplingFields, OriginFields):
     task_id: Text | None = Field(None, max_length=256)
 
 
+class GeneratedLogprob(BaseModel):
+    """A generated token's log probability (minus infinity sent as -9999.0) and its alternatives' as ``[text,
+    logprob]`` pairs, in vLLM's order (the token itself first)."""
+
+    token: str
+    logprob: Annotated[float, AfterValidator(clamp_logprob)]
+    top: list[tuple[str, Annotated[float, AfterValidator(clamp_logprob)]]]
+
+
 class PromptResult(BaseModel):
-    """One prompt's outcome."""
+    """One prompt's outcome; ``logprobs`` where the request asked for them."""
 
     text: str
     prompt_tokens: int
     output_tokens: int
     finish_reason: str
     error: str | None = None
+    logprobs: list[GeneratedLogprob] | None = None
 
 
 class GenerateResponse(BaseModel):

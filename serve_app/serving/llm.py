@@ -111,7 +111,7 @@ class LLMServer(Replica):
         async for _, output in self.core.run(requests):
             if isinstance(output, GenerationDelta):
                 item = {"type": "delta", "text": output.text, "output_tokens": output.output_tokens}
-                if output.logprobs is not None:  # asked for (``chat_stream(..., logprobs=True)``)
+                if output.logprobs is not None:  # asked for (``logprobs=``; ``chat_stream``: ``logprobs=True``)
                     item["logprobs"] = [asdict(token) for token in output.logprobs]
                 yield item
             else:
@@ -129,7 +129,7 @@ class LLMServer(Replica):
         return GenerateResponse(
             task_id=body.task_id,
             results=[r.text for r in results],
-            details=[PromptResult(**r.to_dict()) for r in results],
+            details=[PromptResult.model_validate(r.to_dict()) for r in results],
         )
 
     @api.post("/v1/completions")
