@@ -38,11 +38,22 @@ def percentile(values: Iterable[float], q: float) -> float:
     return sorted_percentile(ordered, q) if ordered else math.nan
 
 
+NOT_MEASURED = "–"
+"""A table cell with no figure (None or NaN: a peer that has no such measure, or a ratio without its base)."""
+
+
+def cell(value: Any, spec: str) -> str:
+    """One table cell: ``value`` in ``spec`` (``str`` without one), :data:`NOT_MEASURED` where there is none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return NOT_MEASURED
+    return format(value, spec) if spec else str(value)
+
+
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
     """A Markdown table: ``columns`` are (key, header, format)."""
     head = "| " + " | ".join(h for _, h, _ in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
-    body = ["| " + " | ".join(format(r[k], f) if f else str(r[k]) for k, _, f in columns) + " |" for r in rows]
+    body = ["| " + " | ".join(cell(r[k], f) for k, _, f in columns) + " |" for r in rows]
     return "\n".join([head, rule, *body])
 
 

