@@ -179,6 +179,24 @@ def test_structured_output_and_generate_logprobs_and_a_400_for_what_vllm_refuses
     assert "out of vocabulary" in refused.value.body["message"]
 
 
+def test_tokenize_counts_as_the_generation_routes_do_and_detokenize_round_trips(served_app):
+    """vLLM's ``/tokenize`` and ``/detokenize`` on the real engine: a prompt's and a conversation's counts are the
+    ``prompt_tokens`` the generation routes report, the ids turn back into the prompt, and an id outside the
+    vocabulary is a 400."""
+    url, _ = served_app
+    prompt = "The capital of France is"
+    tokens = httpx.post(f"{url}/tokenize", json={"prompt": prompt}, timeout=60).json()
+    (detail,) = httpx.post(f"{url}/generate", json={"prompts": [prompt], "max_tokens": 1}, timeout=60).json()["details"]
+    assert tokens["count"] == len(tokens["tokens"]) == detail["prompt_tokens"]
+    chat = httpx.post(f"{url}/tokenize", json={"messages": FRANCE}, timeout=60).json()
+    answer = httpx.post(f"{url}/v1/chat/completions", json={"messages": FRANCE, "max_tokens": 1}, timeout=60).json()
+    assert chat["count"] == answer["usage"]["prompt_tokens"]
+    text = httpx.post(f"{url}/detokenize", json={"tokens": tokens["tokens"]}, timeout=60).json()["prompt"]
+    assert text.endswith(prompt)  # after the BOS the tokenizer adds, if any
+    bad = httpx.post(f"{url}/detokenize", json={"tokens": [1, 99999999]}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
 def test_engine_and_replicas_keep_serve_runs_niceness(served_app):
     """serve.env's RAY_worker_niceness=0 reaches the raylet: the vLLM engine processes a replica starts run at
     the niceness `serve run` was started with (this test's), not 15 above it, Ray's default (on a CPU a niced

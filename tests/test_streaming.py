@@ -209,6 +209,41 @@ async def test_generate_refuses_what_the_simulated_engine_cannot_compute_naming_
     assert response.json()["error"]["param"] == param
 
 
+async def test_tokenize_and_detokenize_as_vllms_server_answers_them(app):
+    """``/tokenize`` gives the ids a prompt (or chat messages) runs as, their count and the model's context, as the
+    generation routes count them; ``/detokenize`` turns ids back into text; what differs from how the generation
+    routes tokenize is refused naming the field (the simulated engine's tokens: one a word, ``t<id>`` back)."""
+    url, _ = app
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        prompt = (await http.post("/tokenize", json={"prompt": "the sea is wide"})).json()
+        usage = (await http.post("/v1/completions", json={"prompt": "the sea is wide", "max_tokens": 1})).json()
+        chat = (await http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi there"}]})).json()
+        chat_usage = (
+            await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi there"}]})
+        ).json()
+        text = (await http.post("/detokenize", json={"tokens": prompt["tokens"][:2], "model": MODEL})).json()
+        refused = [
+            await http.post("/tokenize", json=body)
+            for body in (
+                {"prompt": "x", "return_token_strs": True},
+                {"prompt": "x", "add_special_tokens": False},
+                {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False},
+                {"prompt": "x", "messages": [{"role": "user", "content": "x"}]},
+                {"prompt": "x", "model": "gpt-9"},
+            )
+        ] + [await http.post("/detokenize", json={"tokens": []})]
+    assert prompt["count"] == len(prompt["tokens"]) == usage["usage"]["prompt_tokens"]
+    assert prompt["max_model_len"] == 2048
+    assert chat["count"] == chat_usage["usage"]["prompt_tokens"]
+    assert text == {"prompt": " ".join(f"t{t}" for t in prompt["tokens"][:2])}
+    assert [r.status_code for r in refused] == [400, 400, 400, 422, 404, 422]
+    assert [r.json()["error"]["param"] for r in refused[:3]] == [
+        "return_token_strs",
+        "add_special_tokens",
+        "add_generation_prompt",
+    ]
+
+
 async def test_image_content_part_is_refused_naming_it(app):
     url, _ = app
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}

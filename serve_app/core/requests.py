@@ -21,6 +21,7 @@ from ..errors import ModelNotFoundError, RequestError, validation_error
 from ..openai.chat import ChatCompletionRequest
 from ..openai.common import Origin, SamplingFields
 from ..openai.completions import CompletionRequest
+from ..openai.tokenize import DetokenizeRequest, TokenizeRequest
 from ..openai.types import is_valid_unicode
 from .base import check_batch
 
@@ -52,12 +53,33 @@ class RequestBuilder:
     def check(self, body: SamplingFields, model: str | None = None) -> SamplingOptions:
         """Refuse what ``body`` asks for that cannot be honoured, and a model this server does not serve; return
         its sampling merged with the app's defaults."""
+        self.refuse(body, model)
+        return self.sampling(body)
+
+    def refuse(self, body: Any, model: str | None) -> None:
+        """Raise for a model this server does not serve, then for the body's first refusal (``refusals()``)."""
         if model is not None and model not in (self.config.model_name, self.config.model):
             served = self.config.model_name
             raise ModelNotFoundError(f"The model `{model}` does not exist; this server serves `{served}`")
         for field, why in body.refusals():
             raise RequestError(f"{field}: {why}", param=field)
-        return self.sampling(body)
+
+    async def tokenize(self, body: TokenizeRequest) -> list[int]:
+        """The token ids a ``/tokenize`` body's prompt or messages would run as, tokenized as the generation
+        routes tokenize them."""
+        self.refuse(body, body.model)
+        if body.prompt is not None:
+            self._check_text(body.prompt, "prompt")
+            (ids,) = await self.engine.encode([body.prompt])
+            return ids
+        ids, _ = await self._encode_chat([{"role": m.role, "content": m.text()} for m in body.messages or ()])
+        return ids  # not checked against the model's context: a client counts to learn whether it fits
+
+    async def detokenize(self, body: DetokenizeRequest) -> str:
+        """The text of a ``/detokenize`` body's token ids (each checked against the model's vocabulary)."""
+        self.refuse(body, body.model)
+        self.engine.check_token_ids(body.tokens, "tokens")
+        return await self.engine.decode(body.tokens)
 
     def sampling(self, fields: SamplingFields) -> SamplingOptions:
         """Merge per-request sampling with the app's defaults (then vLLM's) and check the limits."""
@@ -176,10 +198,14 @@ class RequestBuilder:
         model's chat template applied."""
         if not messages:
             raise RequestError("messages must not be empty", param="messages")
+        token_ids, text = await self._encode_chat(messages)
+        return [self._request(token_ids, text, sampling, "messages", origin) for _ in range(n)]
+
+    async def _encode_chat(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str]:
+        """Each message's text checked, then the conversation through the model's chat template."""
         for index, message in enumerate(messages):
             self._check_text(message.get("content", ""), f"messages[{index}].content")
-        token_ids, text = await self.engine.encode_chat(messages)
-        return [self._request(token_ids, text, sampling, "messages", origin) for _ in range(n)]
+        return await self.engine.encode_chat(messages)
 
     # -- OpenAI bodies ------------------------------------------------------------------------------------
 

@@ -52,6 +52,18 @@ class ChatMessage(BaseModel):
         return "".join(part.text or "" for part in self.content)
 
 
+def message_refusals(messages: Sequence[ChatMessage]) -> list[Refusal]:
+    """What in chat messages a text-only model cannot take: a content part other than text, tool calls."""
+    out = []
+    for i, message in enumerate(messages):
+        for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
+            if part.type != "text" or part.text is None:
+                out.append((f"messages[{i}].content[{j}]", f"content part type '{part.type}' is not supported"))
+        if message.tool_calls:
+            out.append((f"messages[{i}].tool_calls", "tool calling is not supported by this server"))
+    return out
+
+
 class ChatCompletionRequest(OpenAIRequest):
     """OpenAI ``POST /v1/chat/completions``; ``max_completion_tokens`` is ``max_tokens`` under its newer name."""
 
@@ -102,13 +114,7 @@ class ChatCompletionRequest(OpenAIRequest):
             out.append(("web_search_options", "web search is not supported"))
         if not self.add_generation_prompt or self.continue_final_message or self.chat_template_kwargs:
             out.append(("chat_template_kwargs", "only the default chat template call is supported"))
-        for i, message in enumerate(self.messages):
-            for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
-                if part.type != "text" or part.text is None:
-                    out.append((f"messages[{i}].content[{j}]", f"content part type '{part.type}' is not supported"))
-            if message.tool_calls:
-                out.append((f"messages[{i}].tool_calls", "tool calling is not supported by this server"))
-        return out
+        return out + message_refusals(self.messages)
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
         return ((self.top_logprobs or 0) if self.logprobs else None), None

@@ -39,6 +39,7 @@ from ..openai.chat import ChatCompletionRequest, ChatFormat
 from ..openai.common import KeyTenant, OpenAIRequest, Origin, SamplingFields, sse
 from ..openai.completions import CompletionFormat, CompletionRequest
 from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
+from ..openai.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from .http import event_stream
 from .replica import Replica, make_api
 
@@ -148,6 +149,17 @@ class LLMServer(Replica):
         requests = await self.core.requests.chat_completion(body)
         fmt = ChatFormat(self.config.model_name, body.n, body.logprob_counts()[0])
         return await self._answer(body, requests, fmt)
+
+    @api.post("/tokenize", response_model=TokenizeResponse)
+    async def http_tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        """vLLM's ``/tokenize``: the token ids a prompt or chat messages run as, and the model's context."""
+        tokens = await self.core.requests.tokenize(body)
+        return TokenizeResponse(count=len(tokens), max_model_len=self.core.engine.max_model_len, tokens=tokens)
+
+    @api.post("/detokenize", response_model=DetokenizeResponse)
+    async def http_detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        """vLLM's ``/detokenize``: token ids back to text."""
+        return DetokenizeResponse(prompt=await self.core.requests.detokenize(body))
 
     async def _answer(
         self, body: OpenAIRequest, requests: list[GenerationRequest], fmt: CompletionFormat | ChatFormat

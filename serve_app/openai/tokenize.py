@@ -1,0 +1,68 @@
+"""``POST /tokenize`` and ``POST /detokenize``: vLLM's server's token utilities. A prompt, or chat messages with the
+model's chat template, to the token ids the engine would run (their count against the model's context), and token
+ids back to text; what of them this server refuses."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .chat import ChatMessage, message_refusals
+from .types import Refusal, Text, TokenId
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's ``/tokenize`` body: a ``prompt`` (completions' tokenizing, special tokens added) or ``messages``
+    (chat's: the template and the assistant's generation prompt, no special tokens added)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool | None = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+    def refusals(self) -> list[Refusal]:
+        """What differs from how the generation routes tokenize (the only way this server tokenizes)."""
+        out = []
+        chat = self.messages is not None
+        if self.add_special_tokens is not None and self.add_special_tokens == chat:
+            way = "not added to chat messages" if chat else "added to a prompt"
+            out.append(("add_special_tokens", f"special tokens are {way}, as the generation routes do"))
+        if chat and (not self.add_generation_prompt or self.continue_final_message):
+            why = "the chat template always ends with the assistant's generation prompt, as the chat route's does"
+            out.append(("add_generation_prompt" if not self.add_generation_prompt else "continue_final_message", why))
+        if self.return_token_strs:
+            out.append(("return_token_strs", "token strings are not supported; /detokenize gives the text"))
+        return out + message_refusals(self.messages or ())
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's ``/detokenize`` body: token ids (each within the model's vocabulary)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Text | None = None
+    tokens: list[TokenId] = Field(..., min_length=1)
+
+    def refusals(self) -> list[Refusal]:
+        """None: ids outside the vocabulary are the engine's to refuse."""
+        return []
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
