@@ -51,7 +51,7 @@ longer prompts wait for the others to drain)."""
 @contextlib.contextmanager
 def vllm_refusals(what: str | None = None) -> Iterator[None]:
     """vLLM's verdict on a request's own fault (``VLLMClientError``: vLLM's server answers it with a 4xx) as a
-    :class:`RequestError` naming the field (vLLM's ``parameter``, else ``what``)."""
+    :class:`RequestError` naming the field (``what`` where given, else vLLM's ``parameter``)."""
     from vllm.exceptions import VLLMClientError
 
     try:
