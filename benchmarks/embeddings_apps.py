@@ -4,12 +4,12 @@ naive ``@serve.batch`` deployment as Ray Serve's docs lead to it, and serving it
 # No ``from __future__ import annotations``: FastAPI must resolve the naive deployment's annotations, and
 # its imports are local to the function that builds it.
 import asyncio
-import time
 from typing import Any
 
 from serve_app.engines.encoder import bundled_encoder_path
 
 from .embeddings_peers import DIRECT_MARKER, MODEL_NAME, READY_MARKER, app_args, cores
+from .environment import serve_until_interrupted
 
 NAIVE_BATCH, NAIVE_WAIT_S = 32, 0.01  # @serve.batch(max_batch_size=32); 0.01 s is Serve's default wait
 MAX_ONGOING = 4096  # the app's default; both Ray peers get it, so Serve's router never holds requests back
@@ -89,9 +89,4 @@ def serve_peer(peer: str, port: int, over: dict[str, Any] | None = None) -> None
     for url in replica_urls(_get_global_client().get_serve_details()).get(name, []):
         print(DIRECT_MARKER, url, flush=True)  # its replica's own port (direct ingress), for a ``-direct`` peer
     print(READY_MARKER, flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
-        ray.shutdown()
+    serve_until_interrupted()

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -86,3 +87,16 @@ def last_error(text: str) -> str:
         if re.search(r"(Error|Exception|error:|failed|Traceback)", line):
             return line[:300]
     return lines[-1][:300] if lines else "no output"
+
+
+def serve_until_interrupted() -> None:
+    """Keep a peer's Serve app up in this process until it is interrupted (its benchmark stops it); then shut down."""
+    import ray
+    from ray import serve
+
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+        ray.shutdown()

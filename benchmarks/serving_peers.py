@@ -28,6 +28,7 @@ from .environment import (
     http_status,
     last_error,
     serve_env,
+    serve_until_interrupted,
     tail,
 )
 from .procs import spawn, stop
@@ -221,9 +222,4 @@ def serve_ray_llm(port: int, folder: str, replicas: int = 1, router: str | None 
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_openai_app({"llm_configs": [config]}), name="llm", route_prefix="/")
     print(READY_MARKER, flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
-        ray.shutdown()
+    serve_until_interrupted()
