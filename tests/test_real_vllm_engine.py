@@ -263,6 +263,13 @@ def test_what_vllm_would_refuse_on_admission_is_refused_before_it_queues(core, l
     assert error.param == "structured_outputs" and "regex" in str(error)
     assert refusal(structured_outputs={"json": "{not json"}).param == "structured_outputs"
 
+    # and what vLLM's server takes is not refused: echo with max_tokens 0 (prompt scoring) runs one token, as there
+    from serve_app.openai.completions import CompletionRequest
+
+    echo = parse(CompletionRequest, {"prompt": "Paris", "max_tokens": 0, "echo": True, "logprobs": 0})
+    (scoring,) = loop.run_until_complete(core.requests.completion(echo))
+    assert scoring.sampling.max_tokens == 1 and scoring.sampling.prompt_logprobs == 0
+
     sampling = core.requests.sampling(parse(SamplingFields, {"max_tokens": 4}))
     rows = loop.run_until_complete(core.requests.rows([[1, 2, 3], [5, 99999999]], sampling))
     assert not isinstance(rows[0], RequestError)  # one bad row, the other goes on (as Ray Data jobs need)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -97,7 +96,8 @@ class RequestBuilder:
             given["stop_token_ids"] = tuple(given["stop_token_ids"])
         logprobs, prompt_logprobs = fields.logprob_counts()
         options = SamplingOptions(
-            max_tokens=max_tokens,
+            # 0 (completions' echo alone) runs as vLLM's server runs it: one token generated, the prompt returned
+            max_tokens=max_tokens or 1,
             temperature=fields.temperature if fields.temperature is not None else defaults.temperature,
             top_p=fields.top_p if fields.top_p is not None else defaults.top_p,
             stop=tuple(stop or ()),
@@ -212,8 +212,6 @@ class RequestBuilder:
     async def completion(self, body: CompletionRequest) -> list[GenerationRequest]:
         """A completions body's requests, ``n`` per prompt; with ``echo``, each carries its prompt's text."""
         sampling = self.check(body, body.model)
-        if body.echo_only:  # as vLLM's server does: one token generated, the prompt alone returned
-            sampling = replace(sampling, max_tokens=1)
         requests = await self.prompts(body.prompts(), sampling, body.n, body.origin)
         if body.echo:
             for request in requests:
