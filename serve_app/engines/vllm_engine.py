@@ -134,11 +134,20 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         processor = self._llm.input_processor
         configs = processor.model_config, processor.speculative_config, processor.structured_outputs_config
 
-        with vllm_refusals():  # all but the constraint, each refusal named by vLLM
-            self.sampling_params(replace(sampling, structured_outputs=None)).verify(*configs, processor.tokenizer)
-        if sampling.structured_outputs is not None:  # then the constraint: what fails now is its fault
+        def verify(options: SamplingOptions) -> None:
+            self.sampling_params(options).verify(*configs, processor.tokenizer)
+
+        if sampling.structured_outputs is None:
+            with vllm_refusals():  # each refusal named by vLLM
+                verify(sampling)
+            return
+        try:  # once, as admission will; a second time only to tell whose fault a refusal is
             with vllm_refusals("structured_outputs"):
-                self.sampling_params(sampling).verify(*configs, processor.tokenizer)
+                verify(sampling)
+        except RequestError:
+            with vllm_refusals():  # another field's fault: named by vLLM
+                verify(replace(sampling, structured_outputs=None))
+            raise  # the constraint's
 
     def check_token_ids(self, token_ids: Sequence[int], what: str) -> None:
         """vLLM's renderer's own check: every id within the model's (or its tokenizer's) vocabulary."""
