@@ -33,14 +33,14 @@ import asyncio
 import itertools
 import json
 import random
-import socket
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .run import percentile
+from .environment import free_port
+from .report import percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -257,9 +257,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
 
     load_s, tail_s, chat_rate = (30.0, 35.0, 5.0) if quick else (45.0, 45.0, 6.0)
     pipeline_runs = 1 if quick else 2
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base = f"http://127.0.0.1:{port}"
@@ -309,7 +307,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any], png_name: str) -> str:
     """The section for benchmarks/results: the comparison, the pipeline, the plot."""
-    from .run import table
+    from .report import table
 
     cfg = result["config"]
     t = cfg["timings"]

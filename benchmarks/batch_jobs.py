@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from .e2e import app_args, engine_settings, prompts, run_offline
-from .run import page
-from .serving import ALL_CORES, ROOT, driver_call, env, last_error, run_driver, running, serve_env
+from .environment import ALL_CORES, ROOT, env, last_error, serve_env
+from .report import page
+from .serving_peers import driver_call, run_driver, running
 
 RESULTS = ROOT / "benchmarks" / "results"
 PEERS = ("offline", "offline-all-cores", "ray-data-llm", "in-process", "deployment", "resume")

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .serving import serve_env
+from .environment import free_port, serve_env
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("app-batched", "app-handle", "direct", "offline")
@@ -167,16 +167,13 @@ def run_direct(requests: list[tuple[str, int]], repeats: int) -> list[list[tuple
 
 
 def start_app(args: dict[str, Any]):
-    import socket
 
     import ray
     from ray import serve
 
     from serve_app.app import build_app
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     handle = serve.run(build_app(args), name="llm", route_prefix="/")

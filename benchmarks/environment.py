@@ -1,17 +1,18 @@
 """What every benchmark that starts a server in a subprocess shares: the project's paths, the bundled model's name
 and dtype, each peer's environment (``serve.env``'s Ray settings, free ports) and reading its log. It imports
-nothing of Ray: :func:`use_serve_env` must run before ``ray.serve`` is imported. ``benchmarks.serving`` re-exports
-it all."""
+nothing of Ray: :func:`use_serve_env` must run before ``ray.serve`` is imported."""
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import suppress
 from pathlib import Path
 
 from serve_app.engines.cpu import cpu_dtype
@@ -56,9 +57,36 @@ def use_serve_env() -> None:
     os.environ.update(serve_env())
 
 
+RAY_WORKER_PORTS_END = 20000
+"""Ray's worker processes listen on 10002-19999 by default (``--min/max-worker-port``): a port is picked above."""
+_handed_out: set[int] = set()
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for the local end of outgoing connections (Linux's own default elsewhere)."""
+    with suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on at ``host`` (``""``: on any interface) now."""
-    with socket.socket() as sock:
+    """A port nothing listens on at ``host`` (``""``: on any interface) now, below the kernel's ephemeral range
+    and above Ray's worker ports, never the same one twice in a process. A port the kernel gives for port 0 lies
+    in the ephemeral range, where any process's outgoing connection can take it before the server binds it (CI
+    saw Serve's HAProxy fail with "Address already in use" on one); below it only a server binding it by number
+    can."""
+    low = ephemeral_ports()[0]
+    candidates = [port for port in range(RAY_WORKER_PORTS_END, low) if port not in _handed_out]
+    for port in random.sample(candidates, min(len(candidates), 200)):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as sock:  # no room below the range on this machine: the kernel's pick
         sock.bind((host, 0))
         return sock.getsockname()[1]
 

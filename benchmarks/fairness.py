@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .run import page
+from .report import page
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BIG_ROWS, BIG_TOKENS, BIG_CONCURRENCY = 2_000, 64, 16
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="600 rows in the big job, the small one 10 s later")
     args = parser.parse_args(argv)
     big_rows, small_start_s = (600, 10.0) if args.quick else (BIG_ROWS, SMALL_START_S)
-    from .serving import free_port, use_serve_env
+    from .environment import free_port, use_serve_env
 
     began = time.monotonic()
     use_serve_env()  # make serve's settings, before ray.serve is imported

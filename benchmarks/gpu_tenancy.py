@@ -50,7 +50,7 @@ from typing import Any
 from batching import ContinuousBatcher
 
 from .hf_engine import SHAPES, Engine, Request, build_model, step_times
-from .run import after, page, percentile, timeline
+from .report import after, page, percentile, timeline
 
 ONLINE_SHARE = 0.3
 CHAT_PROMPT, CHAT_TOKENS = 32, 32

@@ -1,6 +1,6 @@
 """The pieces every benchmark reports with: nearest-rank percentiles, Markdown tables and pages, bar plots in
 ``benchmarks/results/``, and the load loops' timing helpers; apart from ``benchmarks.run`` so a benchmark imports
-them without the orchestration (``benchmarks.run`` re-exports them)."""
+them without the orchestration."""
 
 from __future__ import annotations
 

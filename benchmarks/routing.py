@@ -35,14 +35,14 @@ import asyncio
 import json
 import math
 import random
-import socket
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .run import percentile, table
+from .environment import free_port
+from .report import percentile, table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPLICAS = 4
@@ -107,7 +107,7 @@ def schedule(workload: dict[str, Any], seed: int) -> list[dict[str, Any]]:
 
 def start_cluster() -> tuple[Any, str]:
     """A local Ray cluster of ``REPLICAS`` nodes (one logical CPU each) with Serve on it; the HTTP base URL."""
-    from .serving import use_serve_env
+    from .environment import use_serve_env
 
     use_serve_env()  # make serve's settings, before ray.serve is imported
     import ray
@@ -118,9 +118,7 @@ def start_cluster() -> tuple[Any, str]:
     for _ in range(REPLICAS - 1):
         cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=False)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     return cluster, f"http://127.0.0.1:{port}"
 

@@ -53,9 +53,10 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from .environment import MODEL_NAME
 from .procs import descendants, processes, replicas
-from .run import page, percentile
-from .serving import MODEL_NAME, running
+from .report import page, percentile
+from .serving_peers import running
 from .spread import Spread, stats_urls
 
 RESULTS = Path(__file__).resolve().parent / "results"

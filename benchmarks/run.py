@@ -19,10 +19,9 @@ import sys
 import time
 from collections.abc import Callable
 
-# The report helpers and each section's rendering live in their own modules, re-exported here: other benchmarks and
-# the tests import them from here.
-from .embeddings_page import embeddings, embeddings_section  # noqa: F401
-from .report import RESULTS, after, bar_plot, page, percentile, png, table, timeline  # noqa: F401
+# Each section's rendering lives in its own module (the report helpers in ``report``).
+from .embeddings_page import embeddings
+from .report import RESULTS
 from .sections import autoscale, e2e, overhead, padding, simulated
 from .serving_page import serving
 

@@ -53,55 +53,30 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# The shared helpers, the peers and the client live in their own modules, re-exported here: other benchmarks and
-# the tests import them from here.
-from .environment import (  # noqa: F401
-    ALL_CORES,
-    BIN,
+# The shared helpers, the peers and the client live in their own modules (``environment``, ``serving_peers``,
+# ``serving_client``): import them from there.
+from .environment import (
     DTYPE,
-    HAPROXY_SIDE_PORTS,
     MODEL_NAME,
-    NO_HAPROXY,
-    PYTHON_PROXY,
-    ROOT,
-    env,
-    free_port,
-    http_status,
-    last_error,
-    serve_env,
-    tail,
-    use_serve_env,
 )
-from .serving_client import (  # noqa: F401
+from .serving_client import (
     BACKENDS,
     INPUT_LEN,
     METRICS,
     OUTPUT_LEN,
     RANGE_RATIO,
     SLO_TPOT_MS,
-    WARMUPS,
     blank,
-    client_argv,
     measure_one,
     run_client,
-    summarize,
 )
-from .serving_peers import (  # noqa: F401
-    APP_VLLM,
+from .serving_peers import (
     MAX_MODEL_LEN,
     PEERS,
-    READY_MARKER,
     SLO_INFLIGHT,
     SLO_QUEUE_WAIT_S,
-    SMALL_STEP_TOKENS,
-    app_config,
-    driver_call,
-    is_ready,
-    peer_command,
-    run_driver,
     running,
     serve_ray_llm,
-    threads_env,
 )
 
 SLO_TTFT_MS = 8000.0

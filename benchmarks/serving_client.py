@@ -1,5 +1,5 @@
 """The serving benchmark's client: ``vllm bench serve``'s arguments for a workload, running it in a fresh
-subprocess per measurement, and its JSON as this benchmark's row. ``benchmarks.serving`` re-exports it all."""
+subprocess per measurement, and its JSON as this benchmark's row."""
 
 from __future__ import annotations
 

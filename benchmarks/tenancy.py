@@ -53,8 +53,9 @@ from typing import Any
 from serve_app.engines.async_llm import CPU_STEP_TOKENS
 from serve_app.engines.vllm_engine import paced_step_tokens
 
-from .run import after, percentile, timeline
-from .serving import DTYPE, MODEL_NAME, PYTHON_PROXY, ROOT, run_driver, running
+from .environment import DTYPE, MODEL_NAME, PYTHON_PROXY, ROOT
+from .report import after, percentile, timeline
+from .serving_peers import run_driver, running
 
 ONLINE_SHARE = 0.3
 ONLINE_TOKENS = 32
@@ -315,7 +316,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 def markdown(rows: list[dict[str, Any]], job_rows: int, online_s: float, minutes: float) -> str:
     """The results page: what ran, the table, the peers that failed."""
-    from .run import page
+    from .report import page
 
     measured = [r for r in rows if "online_rate" in r]
     failed = [r["peer"] for r in rows if "online_rate" not in r]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
+
+from benchmarks.environment import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -144,13 +145,6 @@ def idle(handle: Any) -> None:
         return (await handle.stats.remote())["requests"]["ongoing"] == 0
 
     asyncio.run(wait_for(check, 60, "the replica to finish the killed job's requests"))
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.run import percentile
+from benchmarks.report import percentile
 from serve_app.serving.autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD, TokenAutoscalingPolicy, replica_load
 
 from .conftest import FIGURES, RowsInThread, per_replica_stats, wait_for

@@ -35,6 +35,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.environment import serve_env
 from benchmarks.procs import (
     Proc,
     alive,
@@ -47,7 +48,6 @@ from benchmarks.procs import (
     spawn,
     stop,
 )
-from benchmarks.serving import serve_env
 
 from .conftest import FIGURES, free_port, wait_until
 

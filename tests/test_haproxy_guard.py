@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.environment import free_port
 from benchmarks.procs import alive, listening_ports, port_taken, read_proc
-from benchmarks.serving import free_port
 
 from .conftest import wait_until
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.environment import serve_env
 from benchmarks.procs import engine_of, processes, replicas, spawn, stop
-from benchmarks.serving import serve_env
 
 from .conftest import free_port
 
@@ -354,7 +354,7 @@ def test_handle_chat_returns_log_probabilities_whole_and_streamed(served_app):
 def test_vllm_bench_serve_completes_every_request(served_app, backend, tmp_path):
     """vLLM's own benchmark client (``vllm bench serve``: always streaming, stream_options, content parts,
     ignore_eos, logprobs null) against the app as `serve run serve_config.yaml` starts it."""
-    from benchmarks.serving import measure_one
+    from benchmarks.serving_client import measure_one
     from serve_app.models import prepare
 
     url, _ = served_app

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.run import percentile
+from benchmarks.report import percentile
 
 from .conftest import FIGURES, RowsInThread, batcher_is, per_replica_stats, wait_for
 

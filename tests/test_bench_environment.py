@@ -1,0 +1,37 @@
+"""The ports the suite and the benchmarks give their servers (``benchmarks.environment.free_port``): below the
+kernel's ephemeral range, where no outgoing connection's local end can take one between the pick and the server's
+bind (CI once saw Serve's HAProxy refused a port the kernel had handed out for port 0), and never one twice."""
+
+from __future__ import annotations
+
+import socket
+
+from benchmarks import environment
+from benchmarks.environment import RAY_WORKER_PORTS_END, ephemeral_ports, free_port
+
+
+def test_ports_lie_below_the_ephemeral_range_above_rays_workers_and_are_never_handed_out_twice():
+    low, _ = ephemeral_ports()
+    ports = [free_port() for _ in range(50)] + [free_port("") for _ in range(10)]
+    assert len(set(ports)) == len(ports)
+    assert all(RAY_WORKER_PORTS_END <= port < low for port in ports), ports
+    for port in ports[:5]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free: a server can bind it
+
+
+def test_a_port_someone_listens_on_is_not_picked(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        monkeypatch.setattr(environment, "_handed_out", set())  # as a fresh process: the busy port is a candidate
+        monkeypatch.setattr(environment, "RAY_WORKER_PORTS_END", busy)
+        monkeypatch.setattr(environment, "ephemeral_ports", lambda: (busy + 1, 60999))  # the only candidate
+        assert free_port() != busy
+
+
+def test_without_room_below_the_range_the_kernel_picks(monkeypatch):
+    monkeypatch.setattr(environment, "ephemeral_ports", lambda: (RAY_WORKER_PORTS_END, 60999))
+    port = free_port()
+    assert port >= RAY_WORKER_PORTS_END
