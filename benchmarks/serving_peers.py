@@ -1,6 +1,6 @@
 """The OpenAI servers ``benchmarks.serving`` compares (vllm, the app and its variants, Ray Serve LLM): the command
 and environment that start each, waiting until it answers, stopping it and its leftovers, and running the app's
-batch driver into it. ``benchmarks.serving`` re-exports it all; other benchmarks start their peers with it."""
+batch driver into it. Other benchmarks start their peers with it."""
 
 from __future__ import annotations
 

@@ -628,7 +628,7 @@ def test_chats_over_http_avoid_the_replica_a_handle_job_loads_under_haproxy():
     once the routers have the replicas' reports of the job.
     HAProxy's own least connections (``router: serve``) sees no connection from the job and puts chats on both."""
     script = (  # serve.env before anything imports ray.serve
-        "from benchmarks.serving import use_serve_env; use_serve_env(); "
+        "from benchmarks.environment import use_serve_env; use_serve_env(); "
         "from tests.test_routing import http_door_check; http_door_check()"
     )
     result = result_of_private_cluster(["-c", script], 300)
