@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import math
 import os
 import re
@@ -195,6 +196,31 @@ def test_tokenize_counts_as_the_generation_routes_do_and_detokenize_round_trips(
     assert text.endswith(prompt)  # after the BOS the tokenizer adds, if any
     bad = httpx.post(f"{url}/detokenize", json={"tokens": [1, 99999999]}, timeout=60)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_return_token_ids_gives_the_ids_the_engine_ran_whole_and_streamed(served_app):
+    """vLLM's ``return_token_ids`` on the real engine: the prompt's ids are ``/tokenize``'s, the generated ids
+    decode (``/detokenize``) to the generated text, and a stream's chunks carry the same ids as the whole answer
+    (greedy); chat's conversation ids are ``/tokenize``'s of its messages."""
+    url, _ = served_app
+    prompt = "The capital of France is"
+    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    (choice,) = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"]
+    assert (
+        choice["prompt_token_ids"]
+        == httpx.post(f"{url}/tokenize", json={"prompt": prompt}, timeout=60).json()["tokens"]
+    )
+    assert 0 < len(choice["token_ids"]) <= 8
+    text = httpx.post(f"{url}/detokenize", json={"tokens": choice["token_ids"]}, timeout=60).json()["prompt"]
+    assert text == choice["text"] if choice["finish_reason"] == "length" else text.startswith(choice["text"])  # + EOS
+    stream = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=120).text
+    chunks = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: {")]
+    assert [i for c in chunks for i in c["choices"][0]["token_ids"]] == choice["token_ids"]
+    chat = {"messages": FRANCE, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+    answer = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=120).json()
+    tokenized = httpx.post(f"{url}/tokenize", json={"messages": FRANCE}, timeout=60).json()["tokens"]
+    assert answer["prompt_token_ids"] == tokenized
+    assert len(answer["choices"][0]["token_ids"]) == answer["usage"]["completion_tokens"]
 
 
 def test_engine_and_replicas_keep_serve_runs_niceness(served_app):

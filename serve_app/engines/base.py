@@ -112,13 +112,14 @@ Logprobs = tuple[TokenLogprob, ...]
 class GenerationDelta:
     """New output of a running request: ``text`` since the previous delta; ``output_tokens`` so far; where asked
     for (``SamplingOptions.logprobs``), the new tokens' ``logprobs``, and on the first delta the
-    ``prompt_logprobs``."""
+    ``prompt_logprobs``; the new tokens' ids (``token_ids``: what vLLM's ``return_token_ids`` sends)."""
 
     request_id: str
     text: str
     output_tokens: int
     logprobs: Logprobs | None = None
     prompt_logprobs: Logprobs | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -136,10 +137,14 @@ class GenerationResult:
     """Every generated token's, where asked for (``SamplingOptions.logprobs``)."""
     prompt_logprobs: Logprobs | None = None
     """Every prompt token's, where asked for (``SamplingOptions.prompt_logprobs``)."""
+    token_ids: tuple[int, ...] = ()
+    """Every generated token's id, in order (what vLLM's ``return_token_ids`` sends)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the log probabilities only where asked for)."""
+        """A JSON-ready dict (the log probabilities only where asked for; the token ids left to the routes that
+        are asked for them)."""
         out = asdict(self)
+        del out["token_ids"]
         for name in ("logprobs", "prompt_logprobs"):
             if out[name] is None:
                 del out[name]

@@ -46,6 +46,10 @@ class _Sequence:
         word = self.words[index % len(self.words)]
         return PREFIX + word if index == 0 else " " + word
 
+    def token_id(self, index: int) -> int:
+        """The simulated id of output token ``index``: the sum of its text's bytes."""
+        return sum(self.token_text(index).encode())
+
     def context(self) -> int:
         return len(self.request.prompt_token_ids) + self.produced
 
@@ -172,8 +176,11 @@ class SimulatedEngine(Engine):
             self._finish(sequence, "abort")
             return
         sequence.produced += 1
-        text = sequence.token_text(sequence.produced - 1)
-        sequence.outputs.put_nowait(GenerationDelta(request.request_id, text, sequence.produced))
+        index = sequence.produced - 1
+        delta = GenerationDelta(
+            request.request_id, sequence.token_text(index), sequence.produced, token_ids=(sequence.token_id(index),)
+        )
+        sequence.outputs.put_nowait(delta)
         if sequence.produced >= request.sampling.max_tokens:
             bad = self.settings.raise_marker
             if bad and bad in request.prompt_text:
@@ -187,8 +194,9 @@ class SimulatedEngine(Engine):
         produced = sequence.produced
         text = "".join(sequence.token_text(i) for i in range(produced))
         request = sequence.request
+        ids = tuple(sequence.token_id(i) for i in range(produced))
         sequence.outputs.put_nowait(
-            GenerationResult(request.request_id, text, len(request.prompt_token_ids), produced, reason)
+            GenerationResult(request.request_id, text, len(request.prompt_token_ids), produced, reason, token_ids=ids)
         )
 
     def _die(self, reason: str) -> None:

@@ -196,7 +196,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         prompt_tokens = len(request.prompt_token_ids)
         self._counts["requests"] += 1
         parts: list[str] = []
-        produced = 0
+        token_ids: list[int] = []
         finish_reason = None
         wanted = request.sampling.logprobs is not None
         logprobs: list[TokenLogprob] = []
@@ -212,12 +212,13 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
                 if not output.outputs:
                     continue
                 completion = output.outputs[0]
-                produced += len(completion.token_ids)
+                token_ids += completion.token_ids
                 if completion.text or completion.token_ids:
                     parts.append(completion.text)
                     new = self._logprobs(completion.token_ids, completion.logprobs) if wanted else None
                     logprobs += new or ()
-                    yield GenerationDelta(request.request_id, completion.text, produced, new, unsent)
+                    new_ids = tuple(completion.token_ids)
+                    yield GenerationDelta(request.request_id, completion.text, len(token_ids), new, unsent, new_ids)
                     unsent = None
                 finish_reason = completion.finish_reason or finish_reason
         except VLLMEngineDeadError as exc:
@@ -228,16 +229,17 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             raise
         except Exception as exc:  # a request that fails alone (vLLM validation, ...)
             logger.warning("request %s failed: %r", request.request_id, exc)
-            yield GenerationResult.failure(request, f"{type(exc).__name__}: {exc}", produced)
+            yield GenerationResult.failure(request, f"{type(exc).__name__}: {exc}", len(token_ids))
             return
         yield GenerationResult(
             request.request_id,
             "".join(parts),
             prompt_tokens,
-            produced,
+            len(token_ids),
             finish_reason or "abort",
             logprobs=tuple(logprobs) if wanted else None,
             prompt_logprobs=prompt_logprobs,
+            token_ids=tuple(token_ids),
         )
 
     def _logprobs(self, token_ids: Sequence[int], positions: Sequence[Any] | None) -> tuple[TokenLogprob, ...]:

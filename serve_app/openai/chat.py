@@ -144,10 +144,14 @@ def token_logprobs(tokens: Sequence[TokenLogprob], top: int) -> list[ChatComplet
 
 class ChatFormat:
     """``/v1/chat/completions`` bodies for one request with ``n`` choices; ``top_logprobs``: alternatives per
-    token where the request asked for log probabilities (None: it did not)."""
+    token where the request asked for log probabilities (None: it did not); ``prompt_ids``: the conversation's
+    token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not)."""
 
-    def __init__(self, model: str, n: int = 1, top_logprobs: int | None = None) -> None:
+    def __init__(
+        self, model: str, n: int = 1, top_logprobs: int | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> None:
         self.model, self.n, self.top_logprobs = model, n, top_logprobs
+        self.prompt_ids = None if prompt_ids is None else list(prompt_ids)
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self._started: set[int] = set()
 
@@ -156,6 +160,14 @@ class ChatFormat:
             return None
         return kind(content=token_logprobs(tokens, self.top_logprobs))
 
+    def _token_ids(self, output: GenerationResult | GenerationDelta | None) -> dict[str, list[int]]:
+        """A choice's generated token ids (a chunk's new ones) where the request asked for token ids."""
+        return {} if self.prompt_ids is None else {"token_ids": list(output.token_ids if output else ())}
+
+    def _prompt_ids(self) -> dict[str, list[int]]:
+        """The conversation's token ids (the body's; a stream's role chunks') where the request asked for them."""
+        return {} if self.prompt_ids is None else {"prompt_token_ids": self.prompt_ids}
+
     def response(self, results: Sequence[GenerationResult]) -> ChatCompletion:
         choices = [
             ChatChoice(
@@ -163,6 +175,7 @@ class ChatFormat:
                 message=ChatCompletionMessage(role="assistant", content=r.text),
                 finish_reason=finish_reason(r),
                 logprobs=self._logprobs(r.logprobs, ChoiceLogprobs),
+                **self._token_ids(r),
             )
             for i, r in enumerate(results)
         ]
@@ -173,6 +186,7 @@ class ChatFormat:
             model=self.model,
             choices=choices,
             usage=usage(results, self.n),
+            **self._prompt_ids(),
         )
 
     def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
@@ -181,21 +195,25 @@ class ChatFormat:
         )
 
     def chunks(self, index: int, delta: GenerationDelta | None) -> list[ChatCompletionChunk]:
-        """A content delta (with its tokens' log probabilities where asked for); the first of each choice is
-        preceded by the assistant role, as OpenAI sends it."""
+        """A content delta (with its tokens' log probabilities, and ids, where asked for); the first of each choice
+        is preceded by the assistant role, as OpenAI sends it (with the prompt's token ids where asked for)."""
         out = []
         if index not in self._started:
             self._started.add(index)
             role = ChoiceDelta(role="assistant", content="")
-            out.append(self._chunk([ChunkChoice(index=index, delta=role, finish_reason=None, logprobs=None)]))
-        if delta is not None and (delta.text or delta.logprobs):
+            choice = ChunkChoice(index=index, delta=role, finish_reason=None, logprobs=None)
+            out.append(self._chunk([choice], **self._prompt_ids()))
+        ids = self._token_ids(delta)
+        if delta is not None and (delta.text or delta.logprobs or ids.get("token_ids")):
             logprobs = self._logprobs(delta.logprobs, ChunkLogprobs)
             content = ChoiceDelta(content=delta.text)
-            out.append(self._chunk([ChunkChoice(index=index, delta=content, finish_reason=None, logprobs=logprobs)]))
+            choice = ChunkChoice(index=index, delta=content, finish_reason=None, logprobs=logprobs, **ids)
+            out.append(self._chunk([choice]))
         return out
 
     def final_chunks(self, index: int, result: GenerationResult) -> list[ChatCompletionChunk]:
-        done = ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=finish_reason(result), logprobs=None)
+        ids = self._token_ids(None)  # every id came with the deltas
+        done = ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=finish_reason(result), logprobs=None, **ids)
         return [*self.chunks(index, None), self._chunk([done])]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> ChatCompletionChunk:

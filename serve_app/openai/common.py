@@ -157,6 +157,9 @@ class OpenAIRequest(SamplingFields, OriginFields):
     length_penalty: float = 1.0
     request_id: Text | None = None
     response_format: ResponseFormat | None = None
+    return_token_ids: bool | None = Field(
+        None, description="vLLM's: the prompt's token ids and each choice's generated ones (a stream's: per chunk)"
+    )
 
     def refusals(self) -> list[Refusal]:
         out = super().refusals()

@@ -61,19 +61,38 @@ def finish_reason(result: GenerationResult) -> str:
 
 class CompletionFormat:
     """``/v1/completions`` bodies for one request: ``n`` choices per prompt, each echoing its prompt if asked;
-    ``logprobs``: alternatives per token where the request asked for log probabilities (None: it did not)."""
+    ``logprobs``: alternatives per token where the request asked for log probabilities (None: it did not);
+    ``prompt_ids``: each prompt's token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not)."""
 
     def __init__(
-        self, model: str, n: int = 1, echo: Sequence[str] = (), logprobs: int | None = None, echo_only: bool = False
+        self,
+        model: str,
+        n: int = 1,
+        echo: Sequence[str] = (),
+        logprobs: int | None = None,
+        echo_only: bool = False,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.model, self.n, self.echo, self.logprobs = model, n, list(echo), logprobs
         self.echo_only = echo_only  # the prompt alone: what was generated is left out (CompletionRequest.echo_only)
+        self.prompt_ids = prompt_ids
         self.id, self.created = new_id("cmpl"), int(time.time())
         self._started: set[int] = set()
         self._offsets: dict[int, int] = {}  # each choice's text so far, in characters (a stream's text_offset)
 
     def _prefix(self, index: int) -> str:
         return self.echo[index // self.n] if self.echo else ""
+
+    def _token_ids(
+        self, index: int, output: GenerationResult | GenerationDelta | None, first: bool
+    ) -> dict[str, list[int]]:
+        """vLLM's ``return_token_ids`` fields of a choice: its prompt's ids (a stream's first chunk of it) and the
+        generated ones (a chunk's new ones); nothing where the request did not ask."""
+        if self.prompt_ids is None:
+            return {}
+        out = {"prompt_token_ids": list(self.prompt_ids[index // self.n])} if first else {}
+        generated = () if self.echo_only or output is None else output.token_ids
+        return {**out, "token_ids": list(generated)}
 
     def _logprobs(self, index: int, tokens: Sequence[TokenLogprob]) -> Logprobs:
         """OpenAI's completions ``logprobs`` for the next ``tokens`` of choice ``index``: as vLLM's server gives
@@ -115,14 +134,19 @@ class CompletionFormat:
                 text=self._prefix(i) + ("" if self.echo_only else r.text),
                 finish_reason=finish_reason(r),
                 logprobs=self._choice_logprobs(i, r, first=True),
+                **self._token_ids(i, r, first=True),
             )
             for i, r in enumerate(results)
         ]
         return self._completion(choices, results)
 
-    def _chunk(self, index: int, text: str, reason: str | None, logprobs: Logprobs | None = None) -> Completion:
+    def _chunk(
+        self, index: int, text: str, reason: str | None, logprobs: Logprobs | None = None, **token_ids: list[int]
+    ) -> Completion:
         # A chunk's finish_reason is null until its last one, which OpenAI's (response) model does not allow.
-        choice = CompletionChoice.model_construct(index=index, text=text, finish_reason=reason, logprobs=logprobs)
+        choice = CompletionChoice.model_construct(
+            index=index, text=text, finish_reason=reason, logprobs=logprobs, **token_ids
+        )
         return self._completion([choice], None)
 
     def chunks(self, index: int, delta: GenerationDelta) -> list[Completion]:
@@ -134,14 +158,16 @@ class CompletionFormat:
         self._started.add(index)
         text = "" if self.echo_only else delta.text
         text = self._prefix(index) + text if first else text
-        return [self._chunk(index, text, None, self._choice_logprobs(index, delta, first))]
+        logprobs = self._choice_logprobs(index, delta, first)
+        return [self._chunk(index, text, None, logprobs, **self._token_ids(index, delta, first))]
 
     def final_chunks(self, index: int, result: GenerationResult) -> list[Completion]:
         """The chunk that ends choice ``index``, with its finish reason (and the echoed prompt if nothing came
         before it)."""
         first = index not in self._started
         self._started.add(index)
-        return [self._chunk(index, self._prefix(index) if first else "", finish_reason(result))]
+        text = self._prefix(index) if first else ""
+        return [self._chunk(index, text, finish_reason(result), **self._token_ids(index, None, first))]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> Completion:
         return self._completion([], results)

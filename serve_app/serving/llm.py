@@ -11,7 +11,9 @@ Handle methods (``handle.<method>.remote(...)``):
   ``priority`` and ``user`` included; ``tenant`` is ``user``).
 - ``generate_stream(prompt, **sampling)`` and ``chat_stream(messages, **fields)``: generators; call them with
   ``handle.options(stream=True)``. They yield ``{"type": "delta", "text", "output_tokens"}`` as tokens come, then
-  one ``{"type": "result", ...}`` (the dict ``generate`` returns), or raise if the prompt fails.
+  one ``{"type": "result", ...}`` (the dict ``generate`` returns), or raise if the prompt fails. ``chat`` and
+  ``chat_stream`` with ``return_token_ids=True`` add ``token_ids`` (each delta's new ones; the result's all, and
+  its ``prompt_token_ids``).
 - ``stats() -> dict``: the core's statistics and the replica's identity.
 
 Every method takes ``priority`` (vLLM's meaning: lower runs first; interactive calls 0, Ray Data jobs larger)
@@ -51,6 +53,15 @@ MODELS_TIMEOUT_S = 5.0
 api = make_api("token-batching LLM server", "Token-aware admission and batching in front of vLLM, on Ray Serve.")
 
 
+def result_dict(result: GenerationResult, request: GenerationRequest, token_ids: bool) -> dict[str, Any]:
+    """A handle's result dict; with the prompt's and the generated token ids where asked for (chat's
+    ``return_token_ids``)."""
+    out = result.to_dict()
+    if token_ids:
+        out.update(prompt_token_ids=list(request.prompt_token_ids), token_ids=list(result.token_ids))
+    return out
+
+
 def origin(priority: Any, tenant: Any) -> Origin:
     """A handle call's ``priority`` and ``tenant``, checked (a ``ValueError`` naming a bad one)."""
     return parse(Origin, {"priority": priority, "tenant": tenant})
@@ -73,11 +84,12 @@ class LLMServer(Replica):
         sampling_options = requests.sampling(parse(SamplingFields, sampling))
         return await requests.prompts([prompt], sampling_options, origin=origin(priority, tenant))
 
-    async def _chat(self, messages: Any, fields: dict[str, Any]) -> list[GenerationRequest]:
+    async def _chat(self, messages: Any, fields: dict[str, Any]) -> tuple[list[GenerationRequest], bool]:
+        """The conversation's request, and whether its token ids were asked for (``return_token_ids``)."""
         if "tenant" in fields:
             fields = {"user": fields.pop("tenant"), **fields}
         body = parse(ChatCompletionRequest, {**fields, "messages": messages, "stream": False})
-        return (await self.core.requests.chat_completion(body))[:1]
+        return (await self.core.requests.chat_completion(body))[:1], bool(body.return_token_ids)
 
     async def generate(self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any) -> Any:
         """Generate for one prompt; raises if it fails."""
@@ -93,8 +105,9 @@ class LLMServer(Replica):
 
     async def chat(self, messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
         """Answer a conversation (OpenAI-style messages; any chat completions field as a keyword)."""
-        (result,) = await self.core.complete(await self._chat(messages, fields))
-        return result.to_dict()
+        requests, token_ids = await self._chat(messages, fields)
+        (result,) = await self.core.complete(requests)
+        return result_dict(result, requests[0], token_ids)
 
     async def generate_stream(
         self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any
@@ -105,18 +118,22 @@ class LLMServer(Replica):
 
     async def chat_stream(self, messages: list[dict[str, Any]], **fields: Any) -> AsyncIterator[dict[str, Any]]:
         """Stream a conversation's answer (``handle.options(stream=True)``): deltas, then the result."""
-        async for item in self._stream(await self._chat(messages, fields)):
+        async for item in self._stream(*await self._chat(messages, fields)):
             yield item
 
-    async def _stream(self, requests: list[GenerationRequest]) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(
+        self, requests: list[GenerationRequest], token_ids: bool = False
+    ) -> AsyncIterator[dict[str, Any]]:
         async for _, output in self.core.run(requests):
             if isinstance(output, GenerationDelta):
                 item = {"type": "delta", "text": output.text, "output_tokens": output.output_tokens}
                 if output.logprobs is not None:  # asked for (``logprobs=``; ``chat_stream``: ``logprobs=True``)
                     item["logprobs"] = [asdict(token) for token in output.logprobs]
+                if token_ids:
+                    item["token_ids"] = list(output.token_ids)
                 yield item
             else:
-                yield {"type": "result", **succeeded(output).to_dict()}
+                yield {"type": "result", **result_dict(succeeded(output), requests[0], token_ids)}
 
     # -- HTTP API --------------------------------------------------------------------------------------------
 
@@ -139,7 +156,8 @@ class LLMServer(Replica):
         body.sent_with(key)
         requests = await self.core.requests.completion(body)
         echo = [r.prompt_text for r in requests[:: body.n]] if body.echo else []
-        fmt = CompletionFormat(self.config.model_name, body.n, echo, body.logprob_counts()[0], body.echo_only)
+        ids = [r.prompt_token_ids for r in requests[:: body.n]] if body.return_token_ids else None
+        fmt = CompletionFormat(self.config.model_name, body.n, echo, body.logprob_counts()[0], body.echo_only, ids)
         return await self._answer(body, requests, fmt)
 
     @api.post("/v1/chat/completions")
@@ -147,7 +165,8 @@ class LLMServer(Replica):
         """OpenAI chat completions, with the model's chat template; ``"stream": true`` answers with SSE."""
         body.sent_with(key)
         requests = await self.core.requests.chat_completion(body)
-        fmt = ChatFormat(self.config.model_name, body.n, body.logprob_counts()[0])
+        ids = requests[0].prompt_token_ids if body.return_token_ids else None
+        fmt = ChatFormat(self.config.model_name, body.n, body.logprob_counts()[0], ids)
         return await self._answer(body, requests, fmt)
 
     @api.post("/tokenize", response_model=TokenizeResponse)
