@@ -167,7 +167,6 @@ def run_direct(requests: list[tuple[str, int]], repeats: int) -> list[list[tuple
 
 
 def start_app(args: dict[str, Any]):
-
     import ray
     from ray import serve
 

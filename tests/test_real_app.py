@@ -23,6 +23,7 @@ from benchmarks.environment import serve_env
 from benchmarks.procs import engine_of, processes, replicas, spawn, stop
 
 from .conftest import free_port
+from .test_streaming import sse_events
 
 pytestmark = pytest.mark.slow
 
@@ -214,7 +215,7 @@ def test_return_token_ids_gives_the_ids_the_engine_ran_whole_and_streamed(served
     text = httpx.post(f"{url}/detokenize", json={"tokens": choice["token_ids"]}, timeout=60).json()["prompt"]
     assert text == choice["text"] if choice["finish_reason"] == "length" else text.startswith(choice["text"])  # + EOS
     stream = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=120).text
-    chunks = [json.loads(line[6:]) for line in stream.splitlines() if line.startswith("data: {")]
+    chunks = [json.loads(event) for event in sse_events(stream) if event != "[DONE]"]
     assert [i for c in chunks for i in c["choices"][0]["token_ids"]] == choice["token_ids"]
     chat = {"messages": FRANCE, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
     answer = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=120).json()

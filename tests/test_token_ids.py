@@ -15,6 +15,7 @@ from serve_app.engines import GenerationDelta, GenerationResult
 from serve_app.openai.chat import ChatFormat
 from serve_app.openai.completions import CompletionFormat
 
+from .test_logprobs import dumped
 from .test_streaming import sse_events
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -22,10 +23,6 @@ MODEL = "SmolLM2-135M-Instruct"
 
 def result(ids: tuple[int, ...]) -> GenerationResult:
     return GenerationResult("r", "x" * len(ids), 3, len(ids), "length", token_ids=ids)
-
-
-def dumped(model: object) -> dict:
-    return json.loads(model.model_dump_json(exclude_none=True))  # type: ignore[attr-defined]
 
 
 def test_completions_choices_carry_their_prompts_ids_and_their_own():
