@@ -33,7 +33,7 @@ from serve_app.engines import GenerationRequest, SamplingOptions
 from serve_app.engines.async_llm import llm_kv_cache_tokens, llm_max_running
 
 from .e2e import Direct, app_args, burst_requests
-from .report import table
+from .lib.report import table
 
 
 class StepCounter:

@@ -39,10 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .environment import free_port
-from .report import percentile
+from harness.ports import free_port
+from harness.stats import percentile
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from .lib.report import RESULTS
 
 ENGINE = {
     "simulated": {"step_s": 0.02, "step_s_per_token": 2e-6, "max_num_seqs": 32, "kv_cache_tokens": 8_192},
@@ -307,7 +307,7 @@ def measure(quick: bool = False) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any], png_name: str) -> str:
     """The section for benchmarks/results: the comparison, the pipeline, the plot."""
-    from .report import table
+    from .lib.report import table
 
     cfg = result["config"]
     t = cfg["timings"]

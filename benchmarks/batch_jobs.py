@@ -37,12 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.environment import ROOT, last_error, serve_env
+
 from .e2e import app_args, engine_settings, prompts, run_offline
-from .environment import ALL_CORES, ROOT, env, last_error, serve_env
-from .report import page
+from .lib.peers import ALL_CORES, env
+from .lib.report import RESULTS, page
 from .serving_peers import driver_call, run_driver, running
 
-RESULTS = ROOT / "benchmarks" / "results"
 PEERS = ("offline", "offline-all-cores", "ray-data-llm", "in-process", "deployment", "resume")
 OWN_PROCESS = PEERS[:4]
 ROWS = {"full": 2000, "quick": 500}

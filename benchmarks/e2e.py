@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .environment import free_port, serve_env
+from harness.environment import ROOT, offline_env, serve_env
+from harness.ports import free_port
 
-ROOT = Path(__file__).resolve().parent.parent
 MODES = ("app-batched", "app-handle", "direct", "offline")
 BURST_MODES = ("burst-app", "burst-direct", "burst-app-batch")
 MIN_TOKENS, MAX_TOKENS = 8, 128
@@ -284,7 +284,7 @@ def subprocess_mode(mode: str, n: int, max_tokens: int, repeats: int, burst: int
     """One mode in its own process; its result row, or the tail of its stderr when it failed."""
     argv = [sys.executable, "-m", "benchmarks.e2e", "--one", mode, "--prompts", str(n), "--max-tokens"]
     argv += [str(max_tokens), "--repeats", str(repeats), "--burst", str(burst)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = offline_env()
     if mode.startswith(("app", "burst-app")):
         env.update(serve_env())  # the Ray Serve settings `make serve` runs the app with
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env)

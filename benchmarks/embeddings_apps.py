@@ -9,7 +9,7 @@ from typing import Any
 from serve_app.engines.encoder import bundled_encoder_path
 
 from .embeddings_peers import DIRECT_MARKER, MODEL_NAME, READY_MARKER, app_args, cores
-from .environment import serve_until_interrupted
+from .lib.peers import serve_until_interrupted
 
 NAIVE_BATCH, NAIVE_WAIT_S = 32, 0.01  # @serve.batch(max_batch_size=32); 0.01 s is Serve's default wait
 MAX_ONGOING = 4096  # the app's default; both Ray peers get it, so Serve's router never holds requests back

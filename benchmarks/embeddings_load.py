@@ -9,10 +9,10 @@ import statistics
 import time
 from typing import Any
 
+from harness.stats import percentile
 from serve_app.engines.encoder import bundled_encoder_path
 
 from .embeddings_peers import MODEL_NAME
-from .report import percentile
 
 SCENARIOS = {"single": 1, "list16": 16}
 MIN_COSINE = 0.999

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .report import RESULTS, bar_plot, png, table
+from .lib.report import RESULTS, bar_plot, png, table
 
 
 def embeddings(quick: bool) -> str:

@@ -13,12 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from harness.environment import ROOT, last_error, offline_env, serve_env, tail
+from harness.ports import free_port
+from harness.procs import spawn, stop
 from serve_app.engines.encoder import bundled_encoder_path
 
-from .environment import NO_HAPROXY, free_port, last_error, serve_env, tail
-from .procs import spawn, stop
+from .lib.peers import NO_HAPROXY
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "all-MiniLM-L6-v2"
 PEERS = (
     "app",
@@ -62,10 +63,8 @@ def cores() -> int:
 
 
 def env() -> dict[str, str]:
-    """Every peer's environment: no hub, no usage reporting, not the caller's Ray cluster."""
-    out = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "TOKENIZERS_PARALLELISM": "false"}
-    out.pop("RAY_ADDRESS", None)
-    return out
+    """Every peer's environment: no hub, no usage reporting, not the caller's Ray cluster, no tokenizer threads."""
+    return {**offline_env(), "TOKENIZERS_PARALLELISM": "false"}
 
 
 def app_dtype() -> str:

@@ -11,11 +11,12 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from harness.environment import tail
+from harness.procs import own_leftovers
+
 from .embeddings_load import MIN_COSINE, SCENARIOS, load, min_cosine
 from .embeddings_peers import get_json, running
-from .environment import tail
 from .padding import make_texts
-from .procs import own_leftovers
 
 WARM_TEXTS_PER_CLIENT = 4  # a peer's warm-up: this many texts per client, at the full client count
 QUIET_CORES = 0.25  # a run during which other processes used more CPU than this is run again (``--retries``)

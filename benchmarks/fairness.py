@@ -28,12 +28,10 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-from .report import page
+from .lib.report import RESULTS, page
 
-RESULTS = Path(__file__).resolve().parent / "results"
 BIG_ROWS, BIG_TOKENS, BIG_CONCURRENCY = 2_000, 64, 16
 SMALL_ROWS, SMALL_TOKENS, SMALL_CONCURRENCY = 200, 32, 16
 SMALL_START_S = 30.0
@@ -172,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="600 rows in the big job, the small one 10 s later")
     args = parser.parse_args(argv)
     big_rows, small_start_s = (600, 10.0) if args.quick else (BIG_ROWS, SMALL_START_S)
-    from .environment import free_port, use_serve_env
+    from harness.environment import use_serve_env
+    from harness.ports import free_port
 
     began = time.monotonic()
     use_serve_env()  # make serve's settings, before ray.serve is imported

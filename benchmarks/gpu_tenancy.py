@@ -48,9 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from batching import ContinuousBatcher
+from harness.stats import percentile
 
 from .hf_engine import SHAPES, Engine, Request, build_model, step_times
-from .report import after, page, percentile, timeline
+from .lib.report import after, page, timeline
 
 ONLINE_SHARE = 0.3
 CHAT_PROMPT, CHAT_TOKENS = 32, 32

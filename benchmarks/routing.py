@@ -41,10 +41,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .environment import free_port
-from .report import percentile, table
+from harness.ports import free_port
+from harness.replicas import replica_actors
+from harness.stats import percentile
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from .lib.report import RESULTS, table
+
 REPLICAS = 4
 ROUTERS = ("tokens", "serve")
 SAMPLE_S = 0.25
@@ -107,7 +109,7 @@ def schedule(workload: dict[str, Any], seed: int) -> list[dict[str, Any]]:
 
 def start_cluster() -> tuple[Any, str]:
     """A local Ray cluster of ``REPLICAS`` nodes (one logical CPU each) with Serve on it; the HTTP base URL."""
-    from .environment import use_serve_env
+    from harness.environment import use_serve_env
 
     use_serve_env()  # make serve's settings, before ray.serve is imported
     import ray
@@ -121,19 +123,6 @@ def start_cluster() -> tuple[Any, str]:
     port = free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     return cluster, f"http://127.0.0.1:{port}"
-
-
-def replica_actors(app: str) -> dict[str, Any]:
-    """The app's replica actors by replica id (read directly: no router in between)."""
-    import ray
-
-    prefix = f"SERVE_REPLICA::{app}#LLMServer#"  # not the app's ingress router (HAProxy's TokenRoute)
-    named = ray.util.list_named_actors(all_namespaces=True)
-    return {
-        a["name"].rsplit("#", 1)[-1]: ray.get_actor(a["name"], namespace=a["namespace"])
-        for a in named
-        if a["name"].startswith(prefix)
-    }
 
 
 def node_of(actor: Any) -> str:

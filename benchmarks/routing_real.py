@@ -53,13 +53,15 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from .environment import MODEL_NAME
-from .procs import descendants, processes, replicas
-from .report import page, percentile
+from harness.procs import processes, replicas
+from harness.stats import percentile
+from serve_app.engines.procs import descendants
+
+from .lib.peers import MODEL_NAME
+from .lib.report import RESULTS, page
 from .serving_peers import running
 from .spread import Spread, stats_urls
 
-RESULTS = Path(__file__).resolve().parent / "results"
 REPLICAS = 2
 PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "app-tokens": ("app", {"routing": {"router": "tokens"}}),

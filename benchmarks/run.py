@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 # Each section's rendering lives in its own module (the report helpers in ``report``).
 from .embeddings_page import embeddings
-from .report import RESULTS
-from .sections import autoscale, e2e, overhead, padding, simulated
+from .lib.report import RESULTS
+from .lib.sections import autoscale, e2e, overhead, padding, simulated
 from .serving_page import serving
 
 

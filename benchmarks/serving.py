@@ -53,12 +53,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# The shared helpers, the peers and the client live in their own modules (``environment``, ``serving_peers``,
-# ``serving_client``): import them from there.
-from .environment import (
-    DTYPE,
-    MODEL_NAME,
-)
+from .lib.peers import DTYPE, MODEL_NAME
 from .serving_client import (
     BACKENDS,
     INPUT_LEN,

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .environment import MODEL_NAME, ROOT, env, last_error, tail
+from harness.environment import ROOT, last_error, tail
+
+from .lib.peers import MODEL_NAME, env
 
 BACKENDS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
 INPUT_LEN, OUTPUT_LEN = 96, 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .report import RESULTS, bar_plot, png, table
+from .lib.report import RESULTS, bar_plot, png, table
 
 
 def serving(quick: bool) -> str:

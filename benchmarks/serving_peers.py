@@ -16,22 +16,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .environment import (
-    ALL_CORES,
-    BIN,
-    DTYPE,
-    MODEL_NAME,
-    PYTHON_PROXY,
-    ROOT,
-    env,
-    free_port,
-    http_status,
-    last_error,
-    serve_env,
-    serve_until_interrupted,
-    tail,
-)
-from .procs import spawn, stop
+from harness.environment import BIN, ROOT, http_status, last_error, serve_env, tail
+from harness.ports import free_port
+from harness.procs import spawn, stop
+
+from .lib.peers import ALL_CORES, DTYPE, MODEL_NAME, PYTHON_PROXY, env, serve_until_interrupted
 
 MAX_MODEL_LEN = 2048
 PEERS = (

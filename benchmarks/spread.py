@@ -18,7 +18,7 @@ import urllib.request
 from contextlib import suppress
 from typing import Any
 
-from .procs import listening_ports, processes, replicas
+from harness.procs import listening_ports, processes, replicas
 
 UNREADABLE = (OSError, ValueError, http.client.HTTPException)
 """No ``/stats`` there: nothing listens, not JSON, or not HTTP/1 (a gRPC port answers in HTTP/2 frames)."""

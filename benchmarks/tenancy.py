@@ -50,11 +50,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.stats import percentile
 from serve_app.engines.async_llm import CPU_STEP_TOKENS
 from serve_app.engines.vllm_engine import paced_step_tokens
 
-from .environment import DTYPE, MODEL_NAME, PYTHON_PROXY, ROOT
-from .report import after, percentile, timeline
+from .lib.peers import DTYPE, MODEL_NAME, PYTHON_PROXY
+from .lib.report import RESULTS, after, timeline
 from .serving_peers import run_driver, running
 
 ONLINE_SHARE = 0.3
@@ -311,12 +312,9 @@ COLUMNS = [
 ]
 
 
-RESULTS = ROOT / "benchmarks" / "results"
-
-
 def markdown(rows: list[dict[str, Any]], job_rows: int, online_s: float, minutes: float) -> str:
     """The results page: what ran, the table, the peers that failed."""
-    from .report import page
+    from .lib.report import page
 
     measured = [r for r in rows if "online_rate" in r]
     failed = [r["peer"] for r in rows if "online_rate" not in r]

@@ -203,7 +203,9 @@ def private_cluster_result(args: list[str], timeout_s: float) -> dict[str, Any]:
     tiers.require("system", "a Ray cluster of its own")
     marker = new_marker()
     env = {**offline_env(), "RAY_TMPDIR": marker}
-    proc = spawn([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = spawn(
+        [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     finally:

@@ -7,7 +7,7 @@ from .report import RESULTS, bar_plot, png, table
 
 
 def overhead(quick: bool) -> str:
-    from . import overhead as bench
+    from .. import overhead as bench
 
     producers = [1, 16, 256]
     rows = bench.measure(30_000 if quick else 100_000, producers, 2 if quick else 5, list(bench.PEERS))
@@ -42,7 +42,7 @@ def overhead(quick: bool) -> str:
 
 
 def padding(quick: bool) -> str:
-    from . import padding as bench
+    from .. import padding as bench
 
     rows = bench.measure(1_000 if quick else 2_000, 1 if quick else 3)
     bar_plot(
@@ -70,7 +70,7 @@ def padding(quick: bool) -> str:
 
 
 def simulated(quick: bool) -> str:
-    from . import simulated as bench
+    from .. import simulated as bench
 
     rates = [2, 4, 8] if quick else [2, 4, 6, 8]
     rows = bench.measure(rates, 150 if quick else 400, 1 if quick else 3, 0.02, ["ours", "reference", "serve.batch"])
@@ -111,7 +111,7 @@ def simulated(quick: bool) -> str:
 
 
 def e2e(quick: bool) -> str:
-    from . import e2e as bench
+    from .. import e2e as bench
 
     prompts, max_tokens, repeats, burst = (32, 32, 1, 64) if quick else (64, 32, 3, 256)
     rows = bench.measure(prompts, max_tokens, repeats)
@@ -173,6 +173,6 @@ def e2e(quick: bool) -> str:
 
 
 def autoscale(quick: bool) -> str:
-    from . import autoscale as bench
+    from .. import autoscale as bench
 
     return bench.run(quick)

@@ -1,6 +1,6 @@
-"""The pieces every benchmark reports with: nearest-rank percentiles, Markdown tables and pages, bar plots in
-``benchmarks/results/``, and the load loops' timing helpers; apart from ``benchmarks.run`` so a benchmark imports
-them without the orchestration."""
+"""The pieces every benchmark reports with: Markdown tables and pages, bar plots in ``benchmarks/results/``, and the
+load loops' timing helpers; apart from ``benchmarks.run`` so a benchmark imports them without the orchestration
+(percentiles: ``harness.stats``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from batching.stats import percentile as sorted_percentile
-
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
 def png(name: str, quick: bool) -> str:
@@ -29,13 +27,6 @@ def after(seconds: float) -> Callable[[], bool]:
 def timeline(outcomes: Iterable[dict[str, Any]], started: float) -> list[list[float]]:
     """Each answered request's [seconds into its phase when sent, TTFT]: where in a phase its tail falls."""
     return [[round(o["sent"] - started, 2), round(o["ttft"], 3)] for o in outcomes if o.get("ttft") is not None]
-
-
-def percentile(values: Iterable[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0-100) of ``values`` in any order, as the batcher's stats take it;
-    NaN when there are none (a benchmark row must not show 0 for "nothing measured")."""
-    ordered = sorted(values)
-    return sorted_percentile(ordered, q) if ordered else math.nan
 
 
 NOT_MEASURED = "–"
