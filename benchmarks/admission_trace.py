@@ -32,7 +32,8 @@ from serve_app.config import ContinuousSettings
 from serve_app.engines import GenerationRequest, SamplingOptions
 from serve_app.engines.async_llm import llm_kv_cache_tokens, llm_max_running
 
-from .e2e import Direct, app_args, burst_requests
+from .e2e.direct import Direct
+from .e2e.settings import app_args, burst_requests
 from .lib.report import table
 
 

@@ -39,10 +39,11 @@ from typing import Any
 
 from harness.environment import ROOT, last_error, serve_env
 
-from .e2e import app_args, engine_settings, prompts, run_offline
+from .e2e.direct import run_offline
+from .e2e.settings import app_args, engine_settings, prompts
 from .lib.peers import ALL_CORES, env
 from .lib.report import RESULTS, page
-from .serving_peers import driver_call, run_driver, running
+from .serving.peers import driver_call, run_driver, running
 
 PEERS = ("offline", "offline-all-cores", "ray-data-llm", "in-process", "deployment", "resume")
 OWN_PROCESS = PEERS[:4]

@@ -19,20 +19,19 @@ import sys
 import time
 from collections.abc import Callable
 
-# Each section's rendering lives in its own module (the report helpers in ``report``).
-from .embeddings_page import embeddings
+from .embeddings.page import embeddings
 from .lib.report import RESULTS
 from .lib.sections import autoscale, e2e, overhead, padding, simulated
-from .serving_page import serving
+from .serving.page import serving
 
 
-def own_process(name: str, *args: str) -> Callable[[bool], None]:
+def own_process(module: str, *args: str) -> Callable[[bool], None]:
     """A benchmark that starts its own Ray cluster (or several) and writes its own ``results/<name>*.md``: run
-    ``python -m benchmarks.<name> [args]`` in a process of its own."""
+    ``python -m benchmarks.<module> [args]`` in a process of its own."""
 
     def run(quick: bool) -> None:
         quick_args = ["--quick"] if quick else []
-        subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args, *quick_args], check=True)
+        subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args, *quick_args], check=True)
 
     return run
 
@@ -46,8 +45,8 @@ BENCHES: dict[str, Callable[[bool], str | None]] = {
     "autoscale": autoscale,
     "embeddings": embeddings,
     "routing": own_process("routing"),
-    "routing_real": own_process("routing_real"),
-    "routing_real_batches": own_process("routing_real", "--workload", "batches"),
+    "routing_real": own_process("routing.real"),
+    "routing_real_batches": own_process("routing.real", "--workload", "batches"),
     "fairness": own_process("fairness"),
     "tenancy": own_process("tenancy"),
     "batch_jobs": own_process("batch_jobs"),

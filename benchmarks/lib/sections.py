@@ -111,14 +111,15 @@ def simulated(quick: bool) -> str:
 
 
 def e2e(quick: bool) -> str:
-    from .. import e2e as bench
+    from ..e2e.modes import measure, measure_burst, per_round
+    from ..e2e.settings import MAX_TOKENS, MIN_TOKENS
 
     prompts, max_tokens, repeats, burst = (32, 32, 1, 64) if quick else (64, 32, 3, 256)
-    rows = bench.measure(prompts, max_tokens, repeats)
-    burst_rows = bench.measure_burst(burst, 1, rounds=1 if quick else 3)
+    rows = measure(prompts, max_tokens, repeats)
+    burst_rows = measure_burst(burst, 1, rounds=1 if quick else 3)
     for r in burst_rows:
-        r["tput_rounds"] = bench.per_round(r, "tput_vs_direct")
-        r["latency_rounds"] = bench.per_round(r, "mean_latency_vs_direct")
+        r["tput_rounds"] = per_round(r, "tput_vs_direct")
+        r["latency_rounds"] = per_round(r, "mean_latency_vs_direct")
     bar_plot(
         RESULTS / png("e2e", quick),
         ["batch job: output tokens/s", "burst: output tokens/s"],
@@ -147,7 +148,7 @@ def e2e(quick: bool) -> str:
             ],
         )
         + f"\n\n**Mixed-length burst**: {burst} single-prompt requests at once, max_tokens drawn from "
-        f"{bench.MIN_TOKENS}..{bench.MAX_TOKENS} (fixed seed), greedy: the app through its DeploymentHandle "
+        f"{MIN_TOKENS}..{MAX_TOKENS} (fixed seed), greedy: the app through its DeploymentHandle "
         "(serve_config.yaml's args, one replica, `serve.env`) against the same requests straight into AsyncLLM. "
         "burst-app and burst-direct run in alternating rounds, each in a fresh process: a row gives the medians "
         "over its rounds, and its ratios are the medians of the ratios taken within each round (listed per round "
@@ -173,6 +174,6 @@ def e2e(quick: bool) -> str:
 
 
 def autoscale(quick: bool) -> str:
-    from .. import autoscale as bench
+    from ..autoscale.cli import run
 
-    return bench.run(quick)
+    return run(quick)

@@ -1,0 +1,217 @@
+"""Routing part (b): two real vLLM replicas on this 2-core machine, each engine on a core of its own, with the
+same seeded load through each peer's HTTP proxy (whose router is the one under test).
+
+Peers (each started alone, one after the other; every engine runs one compute thread, unbound by vLLM
+(``VLLM_CPU_OMP_THREADS_BIND=nobind``), and once both are up this script pins each engine's processes to a core
+of its own):
+
+  app-tokens            serve_config.yaml's app, 2 replicas, ``routing.router: tokens`` (its default)
+  app-serve             the same app with ``routing.router: serve``: Serve's router as shipped (with serve.env's
+                        HAProxy at the door, HAProxy's own balancing; app-tokens's POSTs go through the app's
+                        ingress router first)
+  app-*-python-proxy    either with Serve's Python proxy at the door (``RAY_SERVE_ENABLE_HA_PROXY=0``): the
+                        token router runs in the proxy, Serve's default is its power of two choices
+  app-*-nice19          either with ``vllm.cpu_replica_niceness: 19`` (the default before 2026-11-25): the
+                        replicas' own work (HTTP, tokenizing, admission, streaming) yields to the engines' compute
+  ray-serve-llm         Ray Serve LLM (``build_openai_app``), 2 replicas, Serve's default router, as shipped
+  ray-serve-llm-prefix  the same with Ray Serve LLM's ``PrefixCacheAffinityRouter``
+
+The ``nice19`` and ``python-proxy`` variants run only when ``--peers`` names them.
+
+**Load** (one seeded schedule for all, open loop): streamed ``/v1/completions`` "chats" in Poisson arrivals, each a
+prompt of random words and an output length drawn log-uniformly (most short, a few long); beside them, at regular
+times, non-streamed ``/v1/completions`` calls of many prompts (what one ``/generate`` of many prompts, or a Ray Data
+batch, is to a router: one request). The prompts share no prefix, so the prefix-aware router has nothing to match
+and balances as its fallback does. Two workloads (``WORKLOADS``, ``--workload``):
+
+  chats     outputs 8-256 tokens, a 16-prompt x 64-token call every 30 s: a light load, few tokens to balance
+  batches   the issue's skewed load, scaled to these cores: outputs 8-512 tokens, a 256-prompt x 16-token call
+            every 90 s (more than a replica's running cap of 128 sequences: it holds one replica for over a minute)
+
+**Measured**: output tok/s (every output token / from the first request sent to the last answer), the chats' TTFT
+p50/p99 and E2E p99, the batch calls' mean latency, failures; ratios against ``app-serve``. For the app's peers also
+how evenly the load was spread: each replica's ``/stats`` read every second (tokens held, queued + in flight;
+prompts in flight), the mean of (most - least) / total over the samples (0: even, 1: all on one replica).
+
+    python -m benchmarks.routing.real [--quick] [--workload batches] [--peers ...]
+    # benchmarks/results/routing_real[-batches][-quick].{md,json}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from harness.procs import processes, replicas
+from serve_app.engines.procs import descendants
+
+from ..lib.peers import NO_HAPROXY
+from ..lib.report import RESULTS, page
+from ..serving.peers import running
+from .real_load import LOAD_S, REQUEST_FIELDS, WORKLOADS, load, schedule, summarize
+from .spread import Spread, stats_urls
+
+REPLICAS = 2
+PEERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "app-tokens": ("app", {"routing": {"router": "tokens"}}),
+    "app-serve": ("app", {"routing": {"router": "serve"}}),
+    "app-tokens-nice19": ("app", {"routing": {"router": "tokens"}, "vllm": {"cpu_replica_niceness": 19}}),
+    "app-serve-nice19": ("app", {"routing": {"router": "serve"}, "vllm": {"cpu_replica_niceness": 19}}),
+    "app-tokens-python-proxy": ("app", {"routing": {"router": "tokens"}}),
+    "app-serve-python-proxy": ("app", {"routing": {"router": "serve"}}),
+    "ray-serve-llm": ("ray-serve-llm", {}),
+    "ray-serve-llm-prefix": ("ray-serve-llm", {"router": "ray.serve.llm.request_router.PrefixCacheAffinityRouter"}),
+}
+PEER_ENV = {name: NO_HAPROXY for name in PEERS if name.endswith("-python-proxy")}
+"""The app with Serve's Python proxy at the door instead of serve.env's HAProxy: the token router then runs in the
+proxy, as Serve's own routers do, instead of in an ingress router HAProxy asks first."""
+OPTIONAL = ("nice", "python-proxy")  # variants run when named, not by default
+DEFAULT_WORKLOAD = "chats"  # its page is routing_real.md; another workload's is routing_real-<name>.md
+
+
+def engines_started(ray_tmp: str) -> int:
+    """Engine replicas (``LLMServer``, in both the app and Ray Serve LLM) that Serve's controller reports started
+    (its log: "... started successfully ...")."""
+    logs = Path(ray_tmp).glob("ray/session_latest/logs/serve/controller_*.log")
+    lines = (line for p in logs for line in p.read_text(errors="replace").splitlines())
+    return sum("started successfully" in line and "LLMServer" in line for line in lines)
+
+
+def pin_engines(ray_tmp: str) -> list[int]:
+    """Each ``VLLM::EngineCore`` process of the peer's ``llm`` app, with everything it started, onto a core of its
+    own (every thread: ``sched_setaffinity`` is per thread); their pids."""
+    table_ = processes(ray_tmp)
+    below = descendants(table_, replicas(table_, "llm"))
+    engines = sorted(pid for pid in below if "VLLM::EngineCore" in table_[pid].title)
+    cores = sorted(os.sched_getaffinity(0))
+    for index, engine in enumerate(engines):
+        for pid in {engine} | descendants(table_, [engine]):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with suppress(OSError):  # a thread that just ended
+                    os.sched_setaffinity(int(tid), {cores[index % len(cores)]})
+    return engines
+
+
+def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, Any]]) -> dict[str, Any]:
+    kind, knobs = PEERS[name]
+    threads = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "ENGINE_THREADS": "1", **PEER_ENV.get(name, {})}
+    if kind == "app":
+        fleet = {
+            "autoscaling": {"min_replicas": REPLICAS, "max_replicas": REPLICAS},
+            "vllm": {"cpu_threads": 1},
+            "embeddings_app": None,  # the generation app alone, as Ray Serve LLM's
+        }
+        merged = {key: {**fleet.get(key, {}), **value} for key, value in knobs.items()}  # a knob keeps its section
+        started = running(kind, folder, workdir, 900, fleet={**fleet, **merged}, extra_env=threads)
+    else:
+        extra = ["--replicas", str(REPLICAS), *(["--router", knobs["router"]] if knobs else [])]
+        started = running(kind, folder, workdir, 900, extra, extra_env=threads)
+    with started as (url, startup_s, ray_tmp):
+        deadline = time.monotonic() + 600
+        while engines_started(ray_tmp) < REPLICAS:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: {engines_started(ray_tmp)} of {REPLICAS} replicas started")
+            time.sleep(2)
+        pinned = pin_engines(ray_tmp)
+        if len(pinned) != REPLICAS:
+            raise RuntimeError(f"{name}: {len(pinned)} engines found to pin, not {REPLICAS}")
+        warm = [{"at": 0.0, "kind": "chat", "prompt": "warm up " * 8, "max_tokens": 8} for _ in range(8)]
+        asyncio.run(load(url, warm))
+        with Spread(stats_urls(ray_tmp)) as spread:
+            outcomes = asyncio.run(load(url, events))
+        row = {
+            "peer": name,
+            "startup_s": startup_s,
+            "engines_pinned": len(pinned),
+            **summarize(outcomes),
+            **spread.summary(),
+            "requests": [{key: o.get(key) for key in REQUEST_FIELDS} for o in outcomes],  # the JSON's, for analysis
+        }
+    return row
+
+
+COLUMNS = [
+    ("peer", "peer", ""),
+    ("output_tok_s", "output tok/s", ".1f"),
+    ("tok_s_x", "x app-serve", ".2f"),
+    ("ttft_p50_s", "chat TTFT p50 (s)", ".2f"),
+    ("ttft_p99_s", "chat TTFT p99 (s)", ".2f"),
+    ("ttft_p99_x", "p99 x app-serve", ".2f"),
+    ("e2e_p99_s", "chat E2E p99 (s)", ".1f"),
+    ("batch_mean_s", "batch call mean (s)", ".1f"),
+    ("held_imbalance", "tokens held imbalance", ".2f"),
+    ("running_imbalance", "requests running imbalance", ".2f"),
+    ("failed", "failed", "d"),
+    ("engines_pinned", "engines pinned", "d"),
+]
+
+
+def markdown(rows: list[dict[str, Any]], mode: str, workload: str, events: list[dict[str, Any]], minutes: float) -> str:
+    base = next((r for r in rows if r["peer"] == "app-serve" and "output_tok_s" in r), None)
+    for r in rows:
+        if base and "output_tok_s" in r:
+            r["tok_s_x"] = r["output_tok_s"] / base["output_tok_s"]
+            r["ttft_p99_x"] = r["ttft_p99_s"] / base["ttft_p99_s"]
+        else:
+            r.setdefault("tok_s_x", math.nan)
+            r.setdefault("ttft_p99_x", math.nan)
+    measured = [r for r in rows if "output_tok_s" in r]
+    chats = sum(e["kind"] == "chat" for e in events)
+    w, calls = WORKLOADS[workload], sum(e["kind"] == "batch" for e in events)
+    about = (
+        f"Workload `{workload}`: {chats} streamed chats ({w['chat_tokens'][0]}-{w['chat_tokens'][1]} output tokens, "
+        f"log-uniform) in Poisson arrivals at {w['rate']}/s over {LOAD_S[mode]:.0f} s, beside {calls} batch calls "
+        f"of {w['prompts']} prompts x {w['tokens']} tokens (from {w['first_s']:.0f} s, every {w['every_s']:.0f} s), "
+        "through each peer's HTTP proxy: the "
+        "same seeded schedule for every peer. Each engine runs one thread, pinned to its own core. "
+        "`imbalance`: for the app's peers, each replica's `/stats` read every second, the mean over the samples of "
+        "(most - least) / total, of tokens held (queued + in flight) and of prompts in flight (0: even, 1: all on "
+        "one replica; – for Ray Serve LLM, whose replicas have no `/stats`). `python -m benchmarks.routing.real`."
+    )
+    title = f"Routing on two real vLLM replicas ({workload}, {mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
+    notes = [f"{r['peer']}: did not run ({r['error']})." for r in rows if "output_tok_s" not in r]
+    return page(title, about, measured, COLUMNS, notes, minutes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.routing.real", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="60 s of load a peer")
+    parser.add_argument(
+        "--peers", nargs="+", choices=list(PEERS), default=[p for p in PEERS if not any(o in p for o in OPTIONAL)]
+    )
+    parser.add_argument("--workload", choices=list(WORKLOADS), default=DEFAULT_WORKLOAD)
+    args = parser.parse_args(argv)
+    from serve_app.models import prepare
+
+    began = time.monotonic()
+    mode = "quick" if args.quick else "full"
+    events = schedule(WORKLOADS[args.workload], LOAD_S[mode])
+    folder = prepare()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
+        for name in args.peers:
+            try:
+                row = measure_peer(name, folder, Path(tmp), events)
+            except Exception as exc:  # a peer that does not deploy is reported as such; the others still run
+                row = {"peer": name, "error": repr(exc)[:300]}
+            print(json.dumps({k: v for k, v in row.items() if k != "requests"}, default=str), flush=True)
+            rows.append(row)
+    suffix = ("" if args.workload == DEFAULT_WORKLOAD else f"-{args.workload}") + ("-quick" if args.quick else "")
+    text = markdown(rows, mode, args.workload, events, (time.monotonic() - began) / 60)
+    (RESULTS / f"routing_real{suffix}.md").write_text(text)
+    (RESULTS / f"routing_real{suffix}.json").write_text(json.dumps(rows, indent=2, default=str))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
