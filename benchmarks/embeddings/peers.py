@@ -4,18 +4,17 @@ stopping it."""
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from harness.environment import ROOT, last_error, offline_env, serve_env, tail
+from harness import launcher
+from harness.environment import ROOT, offline_env, serve_env, tail
+from harness.launcher import Server
 from harness.ports import free_port
-from harness.procs import spawn, stop
 from serve_app.engines.encoder import bundled_encoder_path
 
 from ..lib.peers import NO_HAPROXY
@@ -129,8 +128,8 @@ def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None
     return [*command, "--app-args", json.dumps(over)] if peer == "app" else command
 
 
-def peer_env(peer: str, ray_tmp: str) -> dict[str, str]:
-    out = {**env(), "RAY_TMPDIR": ray_tmp}
+def peer_env(peer: str) -> dict[str, str]:
+    out = env()
     if peer.startswith("vllm"):
         out["VLLM_CPU_KVCACHE_SPACE"] = "1"
     else:
@@ -171,38 +170,21 @@ def get_json(url: str) -> dict[str, Any] | None:
 def running(
     peer: str, workdir: Path, startup_timeout_s: float, app_batcher: dict[str, Any] | None = None
 ) -> Iterator[tuple[str, float, str]]:
-    """Start a peer in its own process group; yield (base url, start-up seconds, the marker in its processes'
-    environment) once it embeds a text; stop it and everything it started. Raises RuntimeError (with its
-    log's telling line) if it does not come up."""
+    """Start a peer (:func:`harness.launcher.running`); yield (base url, start-up seconds, the marker in its
+    processes' environment) once it embeds a text; stop it and everything it started. Raises
+    :class:`harness.launcher.ServerFailed` (a RuntimeError, with its log's telling line) if it does not come up."""
+
+    def ready(server: Server) -> bool:
+        if not (peer.startswith("vllm") or READY_MARKER in tail(server.log, 50_000)):
+            return False
+        status, _ = post(server.url, {"model": MODEL_NAME, "input": "hello"})
+        return status == 200
+
     port = free_port()
-    log_path = workdir / f"{peer}.log"
-    ray_tmp = tempfile.mkdtemp(prefix="rte", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
-    with log_path.open("w") as log:
-        proc = spawn(
-            peer_command(peer, port, app_batcher),
-            cwd=ROOT,
-            env=peer_env(peer, ray_tmp),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    started = time.monotonic()
-    try:
-        while True:
-            if peer.startswith("vllm") or READY_MARKER in tail(log_path, 50_000):
-                status, _ = post(url, {"model": MODEL_NAME, "input": "hello"})
-                if status == 200:
-                    break
-            if proc.poll() is not None:
-                raise RuntimeError(f"exited with {proc.returncode}: {last_error(tail(log_path))}")
-            if time.monotonic() - started > startup_timeout_s:
-                raise RuntimeError(f"not ready in {startup_timeout_s:.0f} s: {last_error(tail(log_path))}")
-            time.sleep(2)
-        if peer.endswith(DIRECT):
-            url = direct_url(tail(log_path, 50_000), url)
-        yield url, time.monotonic() - started, ray_tmp
-    finally:
-        stop(proc, ray_tmp, wait_s=60)
+    argv = peer_command(peer, port, app_batcher)
+    with launcher.running(argv, port, workdir / f"{peer}.log", peer_env(peer), ready, startup_timeout_s) as server:
+        url = direct_url(tail(server.log, 50_000), server.url) if peer.endswith(DIRECT) else server.url
+        yield url, time.monotonic() - server.started, server.marker
 
 
 def direct_url(log: str, proxy_url: str) -> str:

@@ -1,6 +1,6 @@
-"""The OpenAI servers ``benchmarks.serving`` compares (vllm, the app and its variants, Ray Serve LLM): the command
-and environment that start each, waiting until it answers, stopping it and its leftovers, and running the app's
-batch driver into it. Other benchmarks start their peers with it."""
+"""The OpenAI servers ``benchmarks.serving`` compares (vllm, the app and its variants, Ray Serve LLM): the command,
+settings and environment that start each through ``harness.launcher``, waiting until it answers, and running the
+app's batch driver into it. Other benchmarks start their peers with it."""
 
 from __future__ import annotations
 
@@ -9,18 +9,16 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from harness.environment import BIN, ROOT, http_status, last_error, serve_env, tail
+from harness.environment import BIN, ROOT, http_status, serve_env, tail
+from harness.launcher import KEEP, Server, healthy, merged, serve_run, start
 from harness.ports import free_port
-from harness.procs import spawn, stop
 
-from ..lib.peers import ALL_CORES, DTYPE, MODEL_NAME, PYTHON_PROXY, env, serve_until_interrupted
+from ..lib.peers import ALL_CORES, DTYPE, KV_CACHE, MODEL_NAME, PYTHON_PROXY, env, serve_until_interrupted
 
 MAX_MODEL_LEN = 2048
 PEERS = (
@@ -49,40 +47,24 @@ def threads_env() -> dict[str, str]:
     return {"OMP_NUM_THREADS": threads} if threads else {}
 
 
-def app_config(
-    port: int, dest: Path, batcher: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None
-) -> Path:
-    """serve_config.yaml with only the HTTP port moved, one replica, the shared dtype (and ``batcher`` knobs;
-    ``fleet``: more of the app's args, each section merged over its own: e.g. replicas, router, threads;
-    ``embeddings_app: null`` leaves the embedding application out)."""
-    import yaml
-
-    text = re.sub(r"port: 8000", f"port: {port}", (ROOT / "serve_config.yaml").read_text(), count=1)
-    config = yaml.safe_load(text)
-    args = config["applications"][0]["args"]
-    if "autoscaling" in args:
-        args["autoscaling"] = {**args["autoscaling"], "min_replicas": 1, "max_replicas": 1}
-    if args.get("engine", "vllm") == "vllm":
-        args["vllm"] = {**(args.get("vllm") or {}), "dtype": DTYPE}
-    if batcher:
-        args["batcher"] = {**(args.get("batcher") or {}), **batcher}
-    for key, value in (fleet or {}).items():
-        args[key] = {**(args.get(key) or {}), **value} if isinstance(value, dict) else value
-    if args.get("embeddings_app") is None:
-        config["applications"] = config["applications"][:1]
-    dest.write_text(yaml.safe_dump(config, sort_keys=False))
-    return dest
+def app_overrides(peer: str, batcher: dict[str, Any] | None, fleet: dict[str, Any] | None) -> tuple[dict, Any]:
+    """:func:`harness.launcher.serve_config`'s ``llm`` and ``embeddings`` for an app peer: one replica, the shared
+    dtype, the peer's own settings, ``batcher`` knobs and ``fleet`` (more of the app's args, each section merged over
+    its own: e.g. replicas, router, threads; ``embeddings_app: None`` leaves the embedding application out)."""
+    fleet = dict(fleet or {})
+    embeddings = KEEP
+    if "embeddings_app" in fleet and fleet["embeddings_app"] is None:
+        embeddings = fleet.pop("embeddings_app")
+    if peer == "app-slo":
+        batcher = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S, **(batcher or {})}
+    one = {"autoscaling": {"min_replicas": 1, "max_replicas": 1}, "vllm": {"dtype": DTYPE}, "batcher": batcher or {}}
+    llm = merged(one, fleet)
+    llm["vllm"] = {**llm["vllm"], **APP_VLLM.get(peer, {})}  # the app with some of its engine's settings changed
+    return llm, embeddings
 
 
-def peer_command(
-    peer: str,
-    folder: Path,
-    port: int,
-    workdir: Path,
-    batcher: dict[str, Any] | None = None,
-    fleet: dict[str, Any] | None = None,
-) -> list[str]:
-    """The command that starts ``peer`` (``batcher``, ``fleet``: :func:`app_config`'s, ``app`` peers only)."""
+def peer_command(peer: str, folder: Path, port: int) -> list[str]:
+    """The command that starts a peer other than the app's (``serve run``: :func:`harness.launcher.serve_run`)."""
     if peer in ("vllm", "vllm-all-cores"):
         return [
             sys.executable,
@@ -102,24 +84,38 @@ def peer_command(
             str(MAX_MODEL_LEN),
             "--enforce-eager",
         ]
-    if peer in ("app", "app-python-proxy"):  # the latter: the same app, Serve's Python proxy at its door (``running``)
-        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, fleet))]
-    if peer in APP_VLLM:  # the app with some of its engine's settings changed
-        over = {**(fleet or {}), "vllm": {**(fleet or {}).get("vllm", {}), **APP_VLLM[peer]}}
-        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", batcher, over))]
-    if peer == "app-slo":
-        knobs = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S, **(batcher or {})}
-        return [str(BIN / "serve"), "run", str(app_config(port, workdir / "serve_config.yaml", knobs))]
     if peer == "ray-serve-llm":
         return [sys.executable, "-m", "benchmarks.serving", "--ray-serve-llm", str(port), "--model-dir", str(folder)]
     raise ValueError(f"unknown peer {peer!r}")
 
 
-def is_ready(peer: str, url: str, log: Path) -> bool:
+def is_ready(peer: str, server: Server) -> bool:
     if peer == "ray-serve-llm":  # serve.run returned (the LLM replica is up) and the proxy routes
-        return READY_MARKER in tail(log, 20_000) and http_status(f"{url}/v1/models") == 200
-    paths = ("/health",) if peer.startswith("vllm") else ("/health", "/healthz")
-    return any(http_status(f"{url}{path}") == 200 for path in paths)
+        return READY_MARKER in tail(server.log, 20_000) and http_status(f"{server.url}/v1/models") == 200
+    return http_status(f"{server.url}/health") == 200 if peer.startswith("vllm") else healthy(server)
+
+
+def start_peer(
+    peer: str,
+    folder: Path,
+    workdir: Path,
+    extra: list[str] | None = None,
+    batcher: dict[str, Any] | None = None,
+    fleet: dict[str, Any] | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> Server:
+    """Start ``peer``, not waited for: an app peer as ``make serve`` starts the app (:func:`harness.launcher.serve_run`
+    over :func:`app_overrides`), the others with :func:`harness.launcher.start` (``extra``: more arguments for their
+    command). ``extra_env`` goes over the peer's environment."""
+    if peer.startswith("app"):
+        proxy = PYTHON_PROXY if peer == "app-python-proxy" else {}  # the same app, Serve's Python proxy at its door
+        return serve_run(workdir, *app_overrides(peer, batcher, fleet), env={**KV_CACHE, **proxy, **(extra_env or {})})
+    port = free_port()
+    peer_env = {**env(), **(ALL_CORES if peer == "vllm-all-cores" else {})}
+    if not peer.startswith("vllm"):
+        peer_env.update(serve_env())
+    argv = [*peer_command(peer, folder, port), *(extra or [])]
+    return start(argv, port, workdir / f"{peer}.log", {**peer_env, **(extra_env or {})})
 
 
 @contextmanager
@@ -133,43 +129,16 @@ def running(
     fleet: dict[str, Any] | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, float, str]]:
-    """Start a peer in its own process group (``extra``: more arguments for its command; ``batcher``, ``fleet``:
-    :func:`app_config`'s for an app peer; ``extra_env``: more environment); yield (base url, start-up seconds,
-    its private ``RAY_TMPDIR``, where a Ray client finds a Ray-based peer's cluster); stop it and its leftovers.
-    Raises RuntimeError (with the log's tail) if it exits or is not ready in time."""
-    port = free_port()
-    log_path = workdir / f"{peer}.log"
-    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
-    peer_env = {**env(), "RAY_TMPDIR": ray_tmp}
-    if peer == "vllm-all-cores":
-        peer_env.update(ALL_CORES)
-    if not peer.startswith("vllm"):
-        peer_env.update(serve_env())
-    if peer.startswith("app"):
-        peer_env["RAY_ADDRESS"] = "local"
-    if peer == "app-python-proxy":
-        peer_env.update(PYTHON_PROXY)
-    peer_env.update(extra_env or {})
-    with log_path.open("w") as log:
-        proc = spawn(
-            [*peer_command(peer, folder, port, workdir, batcher, fleet), *(extra or [])],
-            cwd=ROOT,
-            env=peer_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    started = time.monotonic()
+    """:func:`start_peer`, then yield (base url, start-up seconds, its private ``RAY_TMPDIR``, where a Ray client
+    finds a Ray-based peer's cluster) once it answers; stop it and its leftovers however the block ends. Raises
+    :class:`harness.launcher.ServerFailed` (a RuntimeError, with the log's telling line) if it exits or is not ready
+    in time."""
+    server = start_peer(peer, folder, workdir, extra, batcher, fleet, extra_env)
     try:
-        while not is_ready(peer, url, log_path):
-            if proc.poll() is not None:
-                raise RuntimeError(f"exited with {proc.returncode}: {last_error(tail(log_path))}")
-            if time.monotonic() - started > startup_timeout_s:
-                raise RuntimeError(f"not ready in {startup_timeout_s:.0f} s: {last_error(tail(log_path))}")
-            time.sleep(2)
-        yield url, time.monotonic() - started, ray_tmp
+        startup_s = server.wait_ready(lambda s: is_ready(peer, s), startup_timeout_s)
+        yield server.url, startup_s, server.marker
     finally:
-        stop(proc, ray_tmp)
+        server.stop()
 
 
 def driver_call(ray_tmp: str, argv: list[str]) -> dict[str, Any]:
@@ -204,7 +173,7 @@ def serve_ray_llm(port: int, folder: str, replicas: int = 1, router: str | None 
             "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas},
             **({"request_router_config": {"request_router_class": router}} if router else {}),
         },
-        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", **threads_env()}},
+        runtime_env={"env_vars": {**KV_CACHE, "HF_HUB_OFFLINE": "1", **threads_env()}},
     )
     # Its ingress and LLM replicas each want logical CPUs; they are only bookkeeping on this 2-core machine.
     ray.init(address="local", num_cpus=8, include_dashboard=False)

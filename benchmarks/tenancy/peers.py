@@ -22,7 +22,7 @@ from .online import ONLINE_SHARE, ONLINE_TOKENS, online_load, online_row, window
 SMALL_SHARE = 0.125
 SMALL_STEP_TOKENS = 256
 CPU_STEP_CAP = paced_step_tokens(CPU_STEP_TOKENS)  # the job's step cap the app's `auto` gives on a CPU
-APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priority, app_config's batcher and fleet
+APP_PEERS: dict[str, dict[str, Any]] = {  # the app's variants: the job's priority, `running`'s batcher, fleet, env
     "app": {"priority": JOB_PRIORITY},
     "app-no-priorities": {"priority": 0},
     "app-small-share": {"priority": JOB_PRIORITY, "batcher": {"low_priority_share": SMALL_SHARE}},
