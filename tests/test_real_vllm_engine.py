@@ -228,21 +228,6 @@ def test_the_engines_gloo_threads_run_at_sched_idle_once_it_has_started(engine):
     assert set(policies["VLLM::Worker"]) == {os.SCHED_OTHER}  # the worker's main and compute threads
 
 
-def test_bare_vllm_peers_compute_as_the_app_does():
-    """The benchmarks' bare-vLLM peers take their precision from the app's own helper, rotary setting included."""
-    from unittest import mock
-
-    from benchmarks.e2e import engine_settings
-    from serve_app.engines.async_llm import precision_args
-
-    assert precision_args("auto", on_gpu=True) == {"dtype": "auto"}  # the model's own dtype, vLLM's own kernels
-    assert precision_args("float32", on_gpu=False) == {"dtype": "float32"}
-    assert precision_args("bfloat16", on_gpu=False)["compilation_config"] == {"custom_ops": ["-rotary_embedding"]}
-    with mock.patch.dict(os.environ):  # engine_settings() sets the KV cache size for its engine: not for later tests
-        offline = engine_settings()
-    assert {k: offline[k] for k in precision_args("auto", on_gpu=False)} == precision_args("auto", on_gpu=False)
-
-
 def test_what_vllm_would_refuse_on_admission_is_refused_before_it_queues(core, loop):
     """vLLM's own checks (token ids within the vocabulary, a constraint its grammar backend can compile) run when
     the request is built, as a RequestError naming the field: before, vLLM refused them once admitted, and a

@@ -1,6 +1,6 @@
 """The GPU tenancy benchmark's engine and run, on the CPU with a tiny random model (the GPU is not in CI).
 
-``benchmarks/gpu_tenancy.py`` runs where only torch and transformers are (a lent GPU machine); these keep it
+``benchmarks.gpu_tenancy`` runs where only torch and transformers are (a lent GPU machine); these keep it
 working between such sessions: the engine's priority order really changes who is served first, and a whole run
 writes its page.
 """
@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from benchmarks.gpu_tenancy import main
-from benchmarks.hf_engine import Engine, Request, build_model
+from benchmarks.gpu_tenancy.cli import main
+from benchmarks.gpu_tenancy.hf_engine import Engine, Request, build_model
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.report import NOT_MEASURED, table
+from benchmarks.lib.report import NOT_MEASURED, table
 
 
 def test_a_missing_figure_is_a_dash_and_the_others_keep_their_format():
