@@ -17,7 +17,7 @@ from harness.launcher import Server
 from harness.ports import free_port
 from serve_app.engines.encoder import bundled_encoder_path
 
-from ..lib.peers import NO_HAPROXY
+from ..lib.peers import NO_HAPROXY, vllm_server
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 PEERS = (
@@ -97,24 +97,9 @@ def app_args(over: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def peer_command(peer: str, port: int, app_batcher: dict[str, Any] | None = None) -> list[str]:
     if peer.startswith("vllm"):
-        return [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(bundled_encoder_path()),
-            "--served-model-name",
-            MODEL_NAME,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--runner",
-            "pooling",
-            "--enforce-eager",
-            "--disable-log-stats",
-            *(["--dtype", app_dtype()] if peer.endswith(APP_DTYPE) else []),  # else vLLM's own: auto
-        ]
+        dtype = ["--dtype", app_dtype()] if peer.endswith(APP_DTYPE) else []  # else vLLM's own: auto
+        pooling = ["--runner", "pooling", "--enforce-eager", "--disable-log-stats", *dtype]
+        return vllm_server(bundled_encoder_path(), MODEL_NAME, port, *pooling)
     over: dict[str, Any] = {"batcher": dict(app_batcher or {})}
     peer = peer.removesuffix(DIRECT)  # the same app; ``running`` reads the replica's own port from its log
     peer = "app" if peer in PYTHON_PROXY else peer  # the same app; ``peer_env`` turns HAProxy off

@@ -18,7 +18,7 @@ from harness.environment import BIN, ROOT, http_status, serve_env, tail
 from harness.launcher import KEEP, Server, healthy, merged, serve_run, start
 from harness.ports import free_port
 
-from ..lib.peers import ALL_CORES, DTYPE, KV_CACHE, MODEL_NAME, PYTHON_PROXY, env, serve_until_interrupted
+from ..lib.peers import ALL_CORES, DTYPE, KV_CACHE, MODEL_NAME, PYTHON_PROXY, env, serve_until_interrupted, vllm_server
 
 MAX_MODEL_LEN = 2048
 PEERS = (
@@ -66,24 +66,9 @@ def app_overrides(peer: str, batcher: dict[str, Any] | None, fleet: dict[str, An
 def peer_command(peer: str, folder: Path, port: int) -> list[str]:
     """The command that starts a peer other than the app's (``serve run``: :func:`harness.launcher.serve_run`)."""
     if peer in ("vllm", "vllm-all-cores"):
-        return [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(folder),
-            "--served-model-name",
-            MODEL_NAME,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            DTYPE,
-            "--max-model-len",
-            str(MAX_MODEL_LEN),
-            "--enforce-eager",
-        ]
+        return vllm_server(
+            folder, MODEL_NAME, port, "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager"
+        )
     if peer == "ray-serve-llm":
         return [sys.executable, "-m", "benchmarks.serving", "--ray-serve-llm", str(port), "--model-dir", str(folder)]
     raise ValueError(f"unknown peer {peer!r}")
@@ -152,10 +137,10 @@ def run_driver(ray_tmp: str, argv: list[str], timeout_s: float = 3600) -> dict[s
     """:func:`driver_call` run to its end; the summary it prints. Raises RuntimeError with its stderr's tail when it
     fails outright (exit 1, some rows missing, still returns the summary)."""
     done = subprocess.run(**driver_call(ray_tmp, argv), capture_output=True, text=True, timeout=timeout_s)
-    start = re.search(r"^\{$", done.stdout, re.M)
-    if done.returncode not in (0, 1) or start is None:
+    summary = re.search(r"^\{$", done.stdout, re.M)
+    if done.returncode not in (0, 1) or summary is None:
         raise RuntimeError(f"driver failed ({done.returncode}): {done.stderr[-6000:]}")
-    return json.loads(done.stdout[start.start() :])
+    return json.loads(done.stdout[summary.start() :])
 
 
 def serve_ray_llm(port: int, folder: str, replicas: int = 1, router: str | None = None) -> None:
