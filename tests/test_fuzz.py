@@ -19,14 +19,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import FIGURES
+from .conftest import FIGURES, sized
 
-pytestmark = [pytest.mark.serve, pytest.mark.reliability]
+pytestmark = pytest.mark.serve
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))  # per test; raise it for a longer hunt
-FUZZ = settings(
-    max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
+EXAMPLES = sized(100, 300)
+"""Inputs per test: a CI size in ``make test``, the full one in ``make test-soak``."""
+
+
+def fuzz(examples: int) -> settings:
+    """hypothesis's settings for ``examples`` inputs (``FUZZ_EXAMPLES`` in the environment overrides it for a longer
+    hunt)."""
+    examples = int(os.environ.get("FUZZ_EXAMPLES", examples))
+    return settings(
+        max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    )
+
+
 TRIED: Counter[str] = Counter()
 
 # -- Values: the right types with hostile contents, and the wrong types ---------------------------------
@@ -151,9 +160,10 @@ def client(serve_instance, deploy_app):
     FIGURES["fuzzing"] = {"inputs": sum(TRIED.values()), **{f"status_{k}": v for k, v in sorted(TRIED.items())}}
 
 
+@pytest.mark.parametrize("examples", EXAMPLES)
 @pytest.mark.parametrize("path", sorted(ENDPOINTS))
-def test_post_endpoints_never_fail_on_any_body(client, path):
-    @FUZZ
+def test_post_endpoints_never_fail_on_any_body(client, path, examples):
+    @fuzz(examples)
     @given(body=st.one_of(ENDPOINTS[path], anything))
     def run(body: Any) -> None:
         response = client.post(path, content=encode(body), headers={"content-type": "application/json"})
@@ -177,8 +187,9 @@ def test_post_endpoints_never_fail_on_any_body(client, path):
     run()
 
 
-def test_raw_bytes_and_wrong_methods_never_fail(client):
-    @FUZZ
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_raw_bytes_and_wrong_methods_never_fail(client, examples):
+    @fuzz(examples)
     @given(
         path=st.sampled_from([*ENDPOINTS, "/stats", "/healthz", "/v1/models", "/nope"]),
         method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
@@ -193,8 +204,9 @@ def test_raw_bytes_and_wrong_methods_never_fail(client):
     run()
 
 
-def test_get_endpoints_ignore_query_noise(client):
-    @FUZZ
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_get_endpoints_ignore_query_noise(client, examples):
+    @fuzz(examples)
     @given(
         path=st.sampled_from(["/stats", "/healthz", "/v1/models"]),
         params=st.dictionaries(st.text(max_size=10), st.text(max_size=20), max_size=3),
@@ -207,13 +219,14 @@ def test_get_endpoints_ignore_query_noise(client):
     run()
 
 
-def test_handle_methods_raise_value_error_or_answer(serve_instance, client):
+@pytest.mark.parametrize("examples", EXAMPLES)
+def test_handle_methods_raise_value_error_or_answer(serve_instance, client, examples):
     """The Python entry point: a bad argument raises ValueError (never another error); good ones answer."""
     from ray import serve
 
     handle = serve.get_app_handle("fuzz")
 
-    @settings(max_examples=max(1, EXAMPLES // 5), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(fuzz(examples), max_examples=max(1, fuzz(examples).max_examples // 5))
     @given(
         prompts=st.one_of(st.lists(texts, max_size=3), anything),
         options=st.fixed_dictionaries({}, optional=sampling),

@@ -18,8 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.environment import free_port
-from benchmarks.procs import alive, listening_ports, port_taken, read_proc
+from harness.ports import free_port, port_taken
+from harness.procs import alive, listening_ports
+from serve_app.engines.procs import read_proc
 
 from .conftest import wait_until
 

@@ -1,9 +1,11 @@
-"""OpenAI Batch files through a SIMULATED generation app and the embedding app (all-MiniLM-L6-v2): one output
+"""OpenAI Batch files through a SIMULATED generation app and the embedding app (all-MiniLM-L6-v2 on the padded
+engine): one output
 line per request line, in order, each body equal to what the HTTP route answers for the same request; malformed
 lines become 400 lines in OpenAI's envelope; a rerun with ``--resume`` sends nothing again."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 
@@ -28,7 +30,9 @@ def served(serve_instance, deploy_app):
 
     deploy_app("batch", simulated={"step_s": 0.001})
     serve.run(
-        build_embeddings_app({"cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}),
+        build_embeddings_app(
+            {"engine": "padded", "cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
+        ),
         name="batch-embeddings",
         route_prefix="/batch/v1/embeddings",
     )
@@ -84,6 +88,18 @@ def comparable(body: dict, approx: bool = False) -> dict:
     return out
 
 
+async def posted(url: str, lines: list[dict], at_once: int = 16) -> list[httpx.Response]:
+    """Each line's body POSTed to its route, ``at_once`` at a time; the answers in the lines' order."""
+    gate = asyncio.Semaphore(at_once)
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+
+        async def post(line: dict) -> httpx.Response:
+            async with gate:
+                return await http.post(line["url"], json=line["body"])
+
+        return await asyncio.gather(*(post(line) for line in lines))
+
+
 def test_a_500_line_batch_file_is_answered_line_for_line_as_the_http_routes_answer(served, tmp_path):
     from serve_app import driver
 
@@ -96,7 +112,7 @@ def test_a_500_line_batch_file_is_answered_line_for_line_as_the_http_routes_answ
     requests.write_text("\n".join(texts) + "\n")
     out = tmp_path / "results.jsonl"
     flags = ["--openai-batch", str(requests), "--output", str(out), "--app", "batch"]
-    flags += ["--embeddings-app", "batch-embeddings", "--concurrency", "8", "--batch-size", "4"]
+    flags += ["--embeddings-app", "batch-embeddings", "--concurrency", "32", "--batch-size", "8"]  # 16 blocks
     summary = driver.run(driver.parser().parse_args(flags))
     answered = [json.loads(line) for line in out.read_text().splitlines()]
     numbered = [f"requests.jsonl:{n}" for n, text in enumerate(texts) if text]
@@ -105,13 +121,11 @@ def test_a_500_line_batch_file_is_answered_line_for_line_as_the_http_routes_answ
     assert summary["duplicate_ids"] == 0
 
     by_custom = {a["custom_id"]: a for a in answered}
-    with httpx.Client(base_url=served, timeout=120) as http:
-        for line in good:
-            got = by_custom[line["custom_id"]]["response"]
-            direct = http.post(line["url"], json=line["body"])
-            assert got["status_code"] == direct.status_code, line
-            assert comparable(got["body"]) == comparable(direct.json(), approx=True), line  # the route's very answer
-            assert got["request_id"]
+    for line, direct in zip(good, asyncio.run(posted(served, good)), strict=True):
+        got = by_custom[line["custom_id"]]["response"]
+        assert got["status_code"] == direct.status_code, line
+        assert comparable(got["body"]) == comparable(direct.json(), approx=True), line  # the route's very answer
+        assert got["request_id"]
     for refused in ("refused-chat", "refused-field"):  # the routes' own refusals, passed through (compared above)
         assert by_custom[refused]["response"]["status_code"] >= 400
         assert by_custom[refused]["error"] == by_custom[refused]["response"]["body"]["error"]

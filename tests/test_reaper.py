@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.procs import Proc, alive, read_proc
+from harness.procs import alive
+from serve_app.engines.procs import Proc, read_proc
 from serve_app.engines.reaper import GRACE_S
 
 ROOT = Path(__file__).resolve().parent.parent

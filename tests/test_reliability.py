@@ -15,11 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
-from benchmarks.report import percentile
+from harness.launcher import merged
+from harness.stats import percentile
 
-from .conftest import FIGURES, RowsInThread, batcher_is, per_replica_stats, wait_for
+from .conftest import FIGURES, RowsInThread, batcher_is, per_replica_stats, sized, wait_for
 
-pytestmark = [pytest.mark.serve, pytest.mark.reliability]
+pytestmark = pytest.mark.serve
 
 
 def replica_actors(app: str) -> list[str]:
@@ -107,10 +108,10 @@ LOAD_APP = {
 }
 
 
-async def test_2000_concurrent_http_requests_are_all_answered_once(serve_instance, deploy):
+@pytest.mark.parametrize("n", sized(300, 2000))
+async def test_concurrent_http_requests_are_all_answered_once(serve_instance, deploy, n):
     handle = deploy("load", **LOAD_APP)
     before = await handle.stats.remote()
-    n = 2000
     storm = await _storm(serve_instance + "/load", n, retry=False)
     ok = _check_storm(storm, n)
     after = await handle.stats.remote()
@@ -120,7 +121,7 @@ async def test_2000_concurrent_http_requests_are_all_answered_once(serve_instanc
     assert after["batcher"]["total_completed"] - before["batcher"]["total_completed"] == len(ok)
     assert len(ok) == n  # an unbounded proxy queue: the load is held, nothing refused
     latencies = [o["latency"] for o in ok]
-    FIGURES["load, 2000 concurrent HTTP"] = {
+    FIGURES[f"load, {n} concurrent HTTP"] = {
         "ok": len(ok),
         "503": n - len(ok),
         "lost": 0,
@@ -132,13 +133,17 @@ async def test_2000_concurrent_http_requests_are_all_answered_once(serve_instanc
     }
 
 
-async def test_overload_beyond_the_batcher_queue_gets_503_retry_after_and_retries_complete(serve_instance, deploy):
+@pytest.mark.parametrize(("n", "queue", "running"), sized((300, 32, 32), (2000, 128, 256)))
+async def test_overload_beyond_the_batcher_queue_gets_503_retry_after_and_retries_complete(
+    serve_instance, deploy, n, queue, running
+):
+    """``n`` requests at once into an engine that runs ``running`` of them and a batcher queue of ``queue``: far
+    more than both hold."""
     handle = deploy(
         "overload",
-        **{**LOAD_APP, "batcher": {**LOAD_APP["batcher"], "max_queue_size": 128}},
+        **merged(LOAD_APP, {"batcher": {"max_queue_size": queue}, "simulated": {"max_num_seqs": running}}),
     )
     before = await handle.stats.remote()
-    n = 2000
     storm = await _storm(serve_instance + "/overload", n, retry=True)
     ok = _check_storm(storm, n)
     after = await handle.stats.remote()
@@ -148,7 +153,7 @@ async def test_overload_beyond_the_batcher_queue_gets_503_retry_after_and_retrie
     served = after["engine_stats"]["requests"] - before["engine_stats"]["requests"]
     assert served == n  # each request ran exactly once, however often it was refused first
     totals = [o["total"] for o in ok]
-    FIGURES["overload, 2000 concurrent HTTP into a 128-prompt batcher queue"] = {
+    FIGURES[f"overload, {n} concurrent HTTP into a {queue}-prompt batcher queue"] = {
         "completed": len(ok),
         "503_then_retried": rejected,
         "ran_once": served == n,
@@ -189,7 +194,8 @@ def assert_every_row_once(job: RowsInThread, n: int) -> None:
         assert row["text"] == f"[simulated] row {row['id']} says", row
 
 
-async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_instance, deploy):
+@pytest.mark.parametrize("n", sized(240, 600))
+async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_instance, deploy, n):
     import ray
     import ray.data
 
@@ -200,7 +206,6 @@ async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_insta
     )
     await wait_for(lambda: running_replicas("phoenix") == 2, 60, "two replicas")
     before = replica_actors("phoenix")
-    n = 600
     job = await job_under_way("phoenix", n)
     victim = before[0]
     rows_at_kill = len(job.rows)
@@ -357,9 +362,9 @@ async def test_scaling_down_under_load_drains_and_drops_nothing(serve_instance, 
     from serve_app.config import AppConfig
     from serve_app.serving.llm import LLMServer
 
-    from .conftest import SIMULATED_DEFAULTS, merge
+    from .conftest import SIMULATED_DEFAULTS
 
-    args = merge(
+    args = merged(
         SIMULATED_DEFAULTS,
         {
             "simulated": {"step_s": 0.2},
@@ -408,9 +413,9 @@ async def test_deleting_the_app_under_load_answers_every_admitted_request(serve_
 
     from serve_app.app import build_app
 
-    from .conftest import SIMULATED_DEFAULTS, merge
+    from .conftest import SIMULATED_DEFAULTS
 
-    args = merge(
+    args = merged(
         SIMULATED_DEFAULTS,
         {"simulated": {"step_s": 0.25}, "batcher": {"max_inflight": 8}, "graceful_shutdown_timeout_s": 30},
     )

@@ -55,13 +55,13 @@ def test_a_killed_driver_resumes_with_only_the_unwritten_rows(app, tmp_path):
 
     from serve_app import driver
 
-    rows = 240
+    rows = 120
     data = write(tmp_path / "problems.jsonl", rows=rows)
     lines = [json.loads(line) for line in data.read_text().splitlines()]
     data.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "id"}) + "\n" for r in lines))  # no ids
     out = tmp_path / "out"
     flags = ["--input", str(data), "--output", str(out), "--app", "resume", "--max-tokens", "4"]
-    flags += ["--concurrency", "2", "--batch-size", "4"]  # blocks of 8 rows: 30 writes
+    flags += ["--concurrency", "2", "--batch-size", "4"]  # blocks of 8 rows: 15 writes
     address = ray.get_runtime_context().gcs_address
     first = subprocess.Popen(
         [sys.executable, "-m", "serve_app.driver", *flags, "--address", address],
@@ -211,7 +211,8 @@ def test_a_killed_openai_batch_job_resumes_with_only_the_unwritten_lines(app, tm
     requests.write_text("\n".join(texts) + "\n")
     out = tmp_path / "results.jsonl"
     flags = ["--openai-batch", str(requests), "--output", str(out), "--app", "resume"]
-    flags += ["--concurrency", "8", "--batch-size", "4", "--address", ray.get_runtime_context().gcs_address]
+    flags += ["--concurrency", "16", "--batch-size", "4"]  # blocks of 16 lines: 10 writes
+    flags += ["--address", ray.get_runtime_context().gcs_address]
     first = subprocess.Popen(
         [sys.executable, "-m", "serve_app.driver", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

@@ -26,10 +26,9 @@ from ray.serve._private.common import (
 )
 from ray.serve.request_router import PendingRequest
 
+from harness.launcher import private_cluster_result
 from serve_app.serving.request_cost import body_call, handle_cost, text_tokens
 from serve_app.serving.routing import TokenLoadRouter
-
-from .conftest import result_of_private_cluster
 
 DEPLOYMENT = DeploymentID(name="LLMServer", app_name="llm")
 BUDGET = 10_000.0
@@ -481,14 +480,13 @@ def test_one_replica_at_most_is_not_routed_by_tokens_nor_behind_the_ingress_rout
 # -- Several replicas on several nodes ----------------------------------------------------------------------
 
 
-@pytest.mark.serve
-@pytest.mark.reliability
+@pytest.mark.system
 def test_token_router_balances_tokens_held_across_nodes_better_than_serves_router():
     """4 replicas of the SIMULATED engine, one per node of a local 4-node cluster; the same skewed workload (a few
     48-prompt batches with long outputs among many short chats, streamed and over HTTP) through each router in
     turn. Asserts on what the subprocess prints: every request answered once, the replicas on 4 nodes, and the
     spread of tokens held (max - min over the replicas, sampled while the load runs) smaller with the token router."""
-    result = result_of_private_cluster(["-m", "benchmarks.routing", "--check"], timeout=540)
+    result = private_cluster_result(["-m", "benchmarks.routing", "--check"], timeout_s=540)
     for router in ("tokens", "serve"):
         run = result[router]
         assert run["errors"] == [], run["errors"]
@@ -522,10 +520,9 @@ def http_door_check() -> None:
     import ray
     from ray import serve
 
-    from benchmarks.routing import replica_actors
+    from harness.ports import free_port
+    from harness.replicas import replica_actors
     from serve_app.app import build_app
-
-    from .conftest import free_port
 
     assert os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", "set serve.env's settings before importing Ray"
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
@@ -621,17 +618,17 @@ def stale_fallbacks() -> list[str]:
     return found
 
 
-@pytest.mark.serve
+@pytest.mark.system
 def test_chats_over_http_avoid_the_replica_a_handle_job_loads_under_haproxy():
     """HAProxy (serve.env) sends each chat straight to a replica; the token router, asked through the app's ingress
     router, sends the 8 to the replica the 48-prompt handle job does not hold (48 prompts on one, 8 on the other)
     once the routers have the replicas' reports of the job.
     HAProxy's own least connections (``router: serve``) sees no connection from the job and puts chats on both."""
     script = (  # serve.env before anything imports ray.serve
-        "from benchmarks.environment import use_serve_env; use_serve_env(); "
+        "from harness.environment import use_serve_env; use_serve_env(); "
         "from tests.test_routing import http_door_check; http_door_check()"
     )
-    result = result_of_private_cluster(["-c", script], 300)
+    result = private_cluster_result(["-c", script], timeout_s=300)
     tokens, serve = sorted(result["tokens"].values()), sorted(result["serve"].values())
     # Until 2026-11-26 one to three of the eight sometimes went beside the job: the wait before the chats probed the
     # ingress router's picks, which ran away from the job's replica on the router's own bookkeeping while the job's

@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.launcher import merged
+
 pytestmark = pytest.mark.serve
 
 SLOW_ENGINE = {"step_s": 0.002}
@@ -198,9 +200,9 @@ async def test_replica_shutdown_drains_queued_requests(serve_instance):
 
     from serve_app.app import build_app
 
-    from .conftest import SIMULATED_DEFAULTS, merge, wait_for
+    from .conftest import SIMULATED_DEFAULTS, wait_for
 
-    args = merge(SIMULATED_DEFAULTS, {"simulated": {"step_s": 1.0}, "batcher": {"max_inflight": 4}})
+    args = merged(SIMULATED_DEFAULTS, {"simulated": {"step_s": 1.0}, "batcher": {"max_inflight": 4}})
     handle = serve.run(build_app(args), name="drain", route_prefix="/drain")
     calls = [handle.generate.remote(f"queued {i}", max_tokens=2) for i in range(16)]
 

@@ -174,7 +174,7 @@ def test_make_serve_runs_with_every_serve_env_setting():
     import shutil
     import subprocess
 
-    from benchmarks.environment import HAPROXY_SIDE_PORTS, serve_env
+    from harness.environment import HAPROXY_SIDE_PORTS, serve_env
 
     if shutil.which("make") is None:
         pytest.skip("make is not installed")

@@ -55,7 +55,7 @@ def test_the_engines_priority_order_puts_a_chat_ahead_of_queued_job_prompts(tiny
 
 
 def test_a_whole_run_on_the_cpu_writes_its_page(tmp_path):
-    argv = ["--shape", "tiny", "--device", "cpu", "--rows", "48", "--warm-rows", "32", "--online-s", "1"]
+    argv = ["--shape", "tiny", "--device", "cpu", "--rows", "16", "--warm-rows", "8", "--online-s", "1"]
     argv += ["--kv-tokens", "16384", "--step-tokens", "1024", "--max-seqs", "64", "--out", str(tmp_path)]
     assert main([*argv, "--peers", "admission-engine-priority", "engine"]) == 0
     rows = json.loads((tmp_path / "gpu_tenancy.json").read_text())["rows"]

@@ -1,0 +1,76 @@
+"""The tiers hold (tests/README.md): a test that starts something of a tier above its marker fails at once, with a
+message naming the marker it needs, before anything starts; unmarked tests are ``unit``. Run on a deliberately
+mis-marked suite in a pytest of its own, with the real suite's fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CONFTEST = """
+pytest_plugins = ["harness.pytest_tiers"]
+from tests.conftest import engine_loop, no_engine_below_system, real_app, real_apps, real_core, serve_instance
+"""
+
+MISMARKED = """
+import pytest
+
+
+def test_an_unmarked_test_asks_for_a_vllm_engine(real_core):
+    pass
+
+
+@pytest.mark.serve
+def test_a_serve_test_asks_for_the_real_app(real_app):
+    pass
+
+
+def test_an_unmarked_test_asks_for_the_serve_cluster(serve_instance):
+    pass
+
+
+def test_an_unmarked_test_starts_serve_run(tmp_path):
+    from harness.launcher import serve_run
+
+    serve_run(tmp_path)
+
+
+def test_an_unmarked_test_starts_a_vllm_engine_itself():
+    from serve_app.config import VLLMSettings
+    from serve_app.engines.vllm_engine import VLLMEngine
+
+    VLLMEngine("a-model", VLLMSettings())
+
+
+@pytest.mark.system
+def test_a_system_test_may_start_what_its_tier_allows():
+    from harness import tiers
+
+    tiers.require("system", "a vLLM engine")
+
+
+def test_an_unmarked_test_is_unit(request):
+    assert request.node.get_closest_marker("unit") is not None
+"""
+
+
+def test_mis_marked_tests_fail_at_once_naming_the_marker_they_need(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_mismarked=MISMARKED)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=", "-rfE", "-vv")
+    result.assert_outcomes(passed=2, failed=2, errors=3)
+    summary = {
+        line.split("::")[1].split()[0]: line for line in result.stdout.lines if line.startswith(("FAILED", "ERROR"))
+    }
+    assert summary.keys() == {
+        "test_an_unmarked_test_asks_for_a_vllm_engine",
+        "test_a_serve_test_asks_for_the_real_app",
+        "test_an_unmarked_test_asks_for_the_serve_cluster",
+        "test_an_unmarked_test_starts_serve_run",
+        "test_an_unmarked_test_starts_a_vllm_engine_itself",
+    }, summary
+    for test, line in summary.items():
+        marker = "serve" if test.endswith("serve_cluster") else "system"
+        assert f"mark it @pytest.mark.{marker}" in line, line
