@@ -287,7 +287,7 @@ async def test_sustained_http_load_scales_1_to_2_and_back_with_every_request_ans
     }
 
 
-@pytest.mark.serve
+@pytest.mark.soak  # a 600-row load test; the HTTP and token cases scale 1 -> 2 -> 1 in make test
 async def test_ray_data_job_at_default_concurrency_scales_1_to_2_and_back_with_every_row_once(serve_instance, deploy):
     import ray.data
 

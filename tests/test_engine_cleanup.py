@@ -59,24 +59,23 @@ async def main(url, path, body, n):
         print(sorted(map(str, await asyncio.gather(*(one(i) for i in range(n))))), flush=True)
 asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])))
 """
-BURSTS = {  # each a minute's work or more for its engine on 2 cores
-    "llm": ("/v1/completions", {"prompt": "Story: once upon a time", "max_tokens": 128, "ignore_eos": True}),
-    "embeddings": ("/v1/embeddings", {"input": ["a batcher groups requests of similar length " * 24] * 16}),
-}
+BURST_BODY = {"prompt": "Story: once upon a time", "max_tokens": 128, "ignore_eos": True}  # 48: a minute's work
+EMBEDDED = "a batcher groups requests of similar length " * 24  # 16 of it a request, some seconds' work
 
 DELETE_WHEN_BUSY = """
 import sys, time, ray
 from ray import serve
 ray.init(log_to_driver=False)
-app = sys.argv[1]
+app, text, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
 assert app in serve.status().applications, serve.status().applications
 handle = serve.get_app_handle(app)
+burst = [handle.embed.remote([text] * 16) for _ in range(calls)]  # sent once connected: no wait for a client
 deadline = time.monotonic() + 120
 while not (stats := handle.stats.remote().result()["batcher"])["in_flight"]:  # the burst is inside its engine
     assert time.monotonic() < deadline, stats
     time.sleep(0.2)
 try:
-    serve.delete(app)  # blocks until Serve has stopped the app's replicas, up to 60 s
+    serve.delete(app)  # blocks until Serve has stopped the app's replicas (they drain the burst), up to 60 s
 except TimeoutError:  # draining past that: Serve force-kills the replica at graceful_shutdown_timeout_s
     deadline = time.monotonic() + 120
     while app in serve.status().applications and time.monotonic() < deadline:
@@ -126,17 +125,18 @@ class Run:
         return found if found and not self.healthy() else None
 
     def serving_replica(self, app: str = "llm") -> tuple[Proc, list[Proc]]:
-        """The replica of ``app`` serving (the llm app ready), and its engine."""
-        self.wait_healthy()
+        """The replica of ``app`` serving, and its engine: for the llm app, once it is ready (a case before may have
+        made Serve start a new replica); the embedding app's replica stays up meanwhile."""
+        if app == "llm":
+            self.wait_healthy()
         return wait_until(
             lambda: self.replica_with_engine(app), 60, f"the serving {app} replica's engine", interval=0.5
         )
 
-    def burst(self, app: str = "llm", requests: int = 48) -> subprocess.Popen:
-        """``requests`` at once to ``app`` (:data:`BURSTS`), from a subprocess."""
-        path, body = BURSTS[app]
-        out = (self.server.log.parent / f"burst-{app}.log").open("w")
-        argv = [sys.executable, "-c", BURST, self.url, path, json.dumps(body), str(requests)]
+    def burst(self, requests: int = 48) -> subprocess.Popen:
+        """``requests`` completions (:data:`BURST_BODY`) at once to the llm app, from a subprocess."""
+        out = (self.server.log.parent / "burst.log").open("w")
+        argv = [sys.executable, "-c", BURST, self.url, "/v1/completions", json.dumps(BURST_BODY), str(requests)]
         helper = subprocess.Popen(argv, stdout=out, stderr=out)
         self.helpers.append(helper)
         return helper
@@ -268,9 +268,15 @@ def test_replica_killed_while_its_engine_starts_leaves_no_engine(real_run):
     """SIGKILL of the replica's worker, then ``ray.kill`` of the next replica's actor, each inside
     ``AsyncLLM.from_engine_args`` (its EngineCore up, the app not ready): the engine goes with the replica."""
     run = real_run
-    if run.healthy():  # run alone after the cluster came up: make Serve start a replica to kill
-        os.kill(run.serving_replica()[0].pid, signal.SIGKILL)
-    replica, engine = wait_until(run.starting_engine, SERVE_RUN_START_S, "an llm replica's engine to start")
+    serving = None
+    if run.healthy():  # the app is up: make Serve start a replica to kill
+        serving = run.serving_replica()[0].pid
+        os.kill(serving, signal.SIGKILL)
+    replica, engine = wait_until(  # not the one just killed, whose engine may not be gone yet
+        lambda: (found := run.starting_engine()) and found[0].pid != serving and found,
+        SERVE_RUN_START_S,
+        "an llm replica's engine to start",
+    )
     os.kill(replica.pid, signal.SIGKILL)
     assert_gone(engine, f"SIGKILL of replica {replica.pid} while its engine started")
 
@@ -305,8 +311,7 @@ def test_serve_delete_during_a_burst_leaves_no_engine(real_run):
     Ctrl-C case after it."""
     run = real_run
     replica, engine = run.serving_replica("embeddings")
-    run.burst("embeddings", requests=16)
-    run.driver(DELETE_WHEN_BUSY, "embeddings")
+    run.driver(DELETE_WHEN_BUSY, "embeddings", EMBEDDED, "4")  # the driver sends the burst itself
     assert_gone([replica], "serve.delete of the embedding app returned", bound=10)
     assert_gone(engine, "serve.delete of the embedding app during a burst")
 

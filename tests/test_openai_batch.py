@@ -1,7 +1,6 @@
 """OpenAI Batch files through a SIMULATED generation app and the embedding app (all-MiniLM-L6-v2 on the padded
-engine): one output
-line per request line, in order, each body equal to what the HTTP route answers for the same request; malformed
-lines become 400 lines in OpenAI's envelope; a rerun with ``--resume`` sends nothing again."""
+engine): one output line per request line, in order, each body equal to what the HTTP route answers for the same
+request; malformed lines become 400 lines in OpenAI's envelope; a rerun with ``--resume`` sends nothing again."""
 
 from __future__ import annotations
 
@@ -12,6 +11,8 @@ import json
 import httpx
 import numpy as np
 import pytest
+
+from .conftest import sized
 
 pytestmark = pytest.mark.serve
 pytest.importorskip("vllm")  # the batch line and output models are vLLM's
@@ -40,11 +41,11 @@ def served(serve_instance, deploy_app):
     serve.delete("batch-embeddings")
 
 
-def good_lines() -> list[dict]:
-    """494 requests over the three routes, with fields each route takes (greedy, so answers repeat), and two the
-    routes themselves refuse."""
+def good_lines(triples: int) -> list[dict]:
+    """``triples`` requests to each of the three routes, with fields each route takes (greedy, so answers repeat),
+    and two the routes themselves refuse."""
     lines = []
-    for i in range(164):
+    for i in range(triples):
         chat = {"messages": [{"role": "user", "content": f"question {i} about batches"}], "max_tokens": 3 + i % 3}
         if i % 4 == 1:
             chat |= {"temperature": 0, "stop": ["zzz"], "n": 2, "user": "tenant-a", "priority": 2}
@@ -100,10 +101,11 @@ async def posted(url: str, lines: list[dict], at_once: int = 16) -> list[httpx.R
         return await asyncio.gather(*(post(line) for line in lines))
 
 
-def test_a_500_line_batch_file_is_answered_line_for_line_as_the_http_routes_answer(served, tmp_path):
+@pytest.mark.parametrize("triples", sized(40, 164))  # 128 and 500 lines
+def test_a_batch_file_is_answered_line_for_line_as_the_http_routes_answer(served, tmp_path, triples):
     from serve_app import driver
 
-    good = good_lines()
+    good = good_lines(triples)
     texts = [json.dumps(line) for line in good]
     texts[5:5] = BAD[:3]
     texts.insert(9, "")  # a blank line: skipped, and numbered
@@ -112,12 +114,19 @@ def test_a_500_line_batch_file_is_answered_line_for_line_as_the_http_routes_answ
     requests.write_text("\n".join(texts) + "\n")
     out = tmp_path / "results.jsonl"
     flags = ["--openai-batch", str(requests), "--output", str(out), "--app", "batch"]
-    flags += ["--embeddings-app", "batch-embeddings", "--concurrency", "32", "--batch-size", "8"]  # 16 blocks
+    flags += [
+        "--embeddings-app",
+        "batch-embeddings",
+        "--concurrency",
+        "32",
+        "--batch-size",
+        "8",
+    ]  # 500 lines: 16 blocks
     summary = driver.run(driver.parser().parse_args(flags))
     answered = [json.loads(line) for line in out.read_text().splitlines()]
     numbered = [f"requests.jsonl:{n}" for n, text in enumerate(texts) if text]
     assert [a["id"] for a in answered] == numbered  # one line out per request line, in input order
-    assert summary["lines_in"] == summary["lines_out"] == len(good) + len(BAD) == 500
+    assert summary["lines_in"] == summary["lines_out"] == len(good) + len(BAD) == 3 * triples + 8
     assert summary["duplicate_ids"] == 0
 
     by_custom = {a["custom_id"]: a for a in answered}

@@ -293,25 +293,33 @@ def test_handle_chat_returns_log_probabilities_whole_and_streamed(real_app):
 BENCH_PROMPTS, BENCH_OUTPUT = 4, 16
 
 
-@pytest.mark.parametrize(
-    ("backend", "endpoint"), [("openai", "/v1/completions"), ("openai-chat", "/v1/chat/completions")]
-)
-def test_vllm_bench_serve_completes_every_request(real_app, backend, endpoint, tmp_path):
+BENCH_ROUTES = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+
+
+def test_vllm_bench_serve_completes_every_request(real_app, tmp_path):
     """vLLM's own benchmark client (``vllm bench serve``: always streaming, stream_options, content parts,
-    ignore_eos, logprobs null) against the app as `serve run serve_config.yaml` starts it: every request answered,
-    token by token, each to its full length (ignore_eos honoured)."""
+    ignore_eos, logprobs null) against the app as `serve run serve_config.yaml` starts it, on both OpenAI routes
+    at once (each client pays vLLM's import): every request answered, token by token, each to its full length
+    (ignore_eos honoured)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from serve_app.models import prepare
 
-    argv = ["--backend", backend, "--base-url", real_app.url, "--endpoint", endpoint]
-    argv += ["--model", "SmolLM2-135M-Instruct", "--tokenizer", str(prepare()), "--dataset-name", "random"]
-    argv += ["--random-input-len", "24", "--random-output-len", str(BENCH_OUTPUT), "--random-range-ratio", "0"]
-    argv += ["--num-prompts", str(BENCH_PROMPTS), "--request-rate", "inf", "--seed", "0", "--temperature", "0"]
-    argv += ["--ignore-eos", "--ready-check-timeout-sec", "120", "--num-warmups", "0", "--disable-tqdm"]
-    argv += ["--save-result", "--save-detailed"]
-    raw = bench_serve(argv, tmp_path / "result.json", timeout_s=300)
-    assert raw["completed"] == BENCH_PROMPTS and raw["failed"] == 0, raw.get("errors")
-    assert raw["output_lens"] == [BENCH_OUTPUT] * BENCH_PROMPTS  # ignore_eos honoured: every answer at full length
-    assert all(itls for itls in raw["itls"])  # every answer came token by token, not in one block
+    def bench(backend: str) -> dict:
+        argv = ["--backend", backend, "--base-url", real_app.url, "--endpoint", BENCH_ROUTES[backend]]
+        argv += ["--model", "SmolLM2-135M-Instruct", "--tokenizer", str(prepare()), "--dataset-name", "random"]
+        argv += ["--random-input-len", "24", "--random-output-len", str(BENCH_OUTPUT), "--random-range-ratio", "0"]
+        argv += ["--num-prompts", str(BENCH_PROMPTS), "--request-rate", "inf", "--seed", "0", "--temperature", "0"]
+        argv += ["--ignore-eos", "--ready-check-timeout-sec", "120", "--num-warmups", "0", "--disable-tqdm"]
+        argv += ["--save-result", "--save-detailed"]
+        return bench_serve(argv, tmp_path / f"{backend}.json", timeout_s=300)
+
+    with ThreadPoolExecutor(len(BENCH_ROUTES)) as pool:
+        results = dict(zip(BENCH_ROUTES, pool.map(bench, BENCH_ROUTES)))
+    for backend, raw in results.items():
+        assert raw["completed"] == BENCH_PROMPTS and raw["failed"] == 0, (backend, raw.get("errors"))
+        assert raw["output_lens"] == [BENCH_OUTPUT] * BENCH_PROMPTS, backend  # ignore_eos: every answer full length
+        assert all(itls for itls in raw["itls"]), backend  # every answer came token by token, not in one block
 
 
 def test_openai_client_embeddings_from_the_same_base_url_equal_sentence_transformers(real_app):

@@ -3,7 +3,8 @@ with fake replicas that carry routing statistics (ranking by tokens held, the co
 requests, optimistic accounting between reports, the stale fallback, tie-breaks, the full routing loop), and a
 multi-replica run on a local multi-node Ray cluster (in a subprocess: this process belongs to the session's
 cluster) where the tokens held stay balanced on a skewed workload, better than with Serve's default router, and
-every request is answered once.
+every request is answered once (soak tier); and, under HAProxy in the real app's cluster, chats routed away from
+the replica a handle job loads (system tier).
 """
 
 from __future__ import annotations
@@ -480,12 +481,14 @@ def test_one_replica_at_most_is_not_routed_by_tokens_nor_behind_the_ingress_rout
 # -- Several replicas on several nodes ----------------------------------------------------------------------
 
 
-@pytest.mark.system
+@pytest.mark.soak
 def test_token_router_balances_tokens_held_across_nodes_better_than_serves_router():
     """4 replicas of the SIMULATED engine, one per node of a local 4-node cluster; the same skewed workload (a few
     48-prompt batches with long outputs among many short chats, streamed and over HTTP) through each router in
     turn. Asserts on what the subprocess prints: every request answered once, the replicas on 4 nodes, and the
-    spread of tokens held (max - min over the replicas, sampled while the load runs) smaller with the token router."""
+    spread of tokens held (max - min over the replicas, sampled while the load runs) smaller with the token router.
+    A measurement (20 s of load per router on 4 nodes), so in the soak tier; the system tier places replicas across
+    nodes (test_placement.py) and routes by tokens under HAProxy (below)."""
     result = private_cluster_result(["-m", "benchmarks.routing", "--check"], timeout_s=540)
     for router in ("tokens", "serve"):
         run = result[router]
@@ -508,31 +511,28 @@ def test_token_router_balances_tokens_held_across_nodes_better_than_serves_route
 # -- The HTTP door under HAProxy ----------------------------------------------------------------------------
 
 
-def http_door_check() -> None:
-    """Run in a subprocess (its own local Ray cluster, serve.env's settings, so HAProxy holds the HTTP port): two
-    replicas of the SIMULATED engine; a ``generate_batch`` handle call of 48 long prompts (a Ray Data job's shape,
-    invisible to HAProxy: no HTTP connection) loads one, then 8 streamed chats arrive over HTTP at once. Prints
-    the prompts each replica holds while the chats stream, for each router setting."""
-    import json
+def http_door_check(url: str) -> dict[str, Any]:
+    """Run by a driver of the real app's cluster (`serve run serve_config.yaml`: serve.env's settings, so HAProxy
+    holds the HTTP port at ``url``), beside its apps: two replicas of the SIMULATED engine; a ``generate_batch``
+    handle call of 48 long prompts (a Ray Data job's shape, invisible to HAProxy: no HTTP connection) loads one,
+    then 8 streamed chats arrive over HTTP at once. Returns the prompts each replica holds while the chats stream,
+    for each router setting."""
     import os
 
     import httpx
     import ray
     from ray import serve
 
-    from harness.ports import free_port
     from harness.replicas import replica_actors
     from serve_app.app import build_app
 
-    assert os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", "set serve.env's settings before importing Ray"
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    assert os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", "the driver has serve.env's settings"
+    ray.init(log_to_driver=False)
     chat = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 400, "stream": True}
     job_prompts = 48
 
     async def prompts_held(app: str) -> dict[str, float]:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/{app}", timeout=60) as client:
+        async with httpx.AsyncClient(base_url=f"{url}/{app}", timeout=60) as client:
             streams = [client.stream("POST", "/v1/chat/completions", json=chat) for _ in range(8)]
             responses = [await stream.__aenter__() for stream in streams]
             lines = [response.aiter_lines() for response in responses]  # held: a dropped one closes its stream
@@ -580,6 +580,7 @@ def http_door_check() -> None:
     for router in ("tokens", "serve"):
         args = {
             "engine": "simulated",
+            "cpus_per_replica": 0.25,  # beside the real app's replicas on its 2 CPUs
             "simulated": {"step_s": 0.02},  # a 400-token chat streams for about 8 s, the job's answers 20 s
             "autoscaling": {"min_replicas": 2, "max_replicas": 2},
             "routing": {"router": router},
@@ -599,7 +600,7 @@ def http_door_check() -> None:
         job.cancel()
         serve.delete(router)
     result["fallbacks"] = stale_fallbacks()
-    print("RESULT " + json.dumps(result), flush=True)
+    return result
 
 
 def stale_fallbacks() -> list[str]:
@@ -619,16 +620,12 @@ def stale_fallbacks() -> list[str]:
 
 
 @pytest.mark.system
-def test_chats_over_http_avoid_the_replica_a_handle_job_loads_under_haproxy():
+def test_chats_over_http_avoid_the_replica_a_handle_job_loads_under_haproxy(real_app):
     """HAProxy (serve.env) sends each chat straight to a replica; the token router, asked through the app's ingress
     router, sends the 8 to the replica the 48-prompt handle job does not hold (48 prompts on one, 8 on the other)
     once the routers have the replicas' reports of the job.
     HAProxy's own least connections (``router: serve``) sees no connection from the job and puts chats on both."""
-    script = (  # serve.env before anything imports ray.serve
-        "from harness.environment import use_serve_env; use_serve_env(); "
-        "from tests.test_routing import http_door_check; http_door_check()"
-    )
-    result = private_cluster_result(["-c", script], timeout_s=300)
+    result = real_app.call("tests.test_routing:http_door_check", real_app.url)
     tokens, serve = sorted(result["tokens"].values()), sorted(result["serve"].values())
     # Until 2026-11-26 one to three of the eight sometimes went beside the job: the wait before the chats probed the
     # ingress router's picks, which ran away from the job's replica on the router's own bookkeeping while the job's
