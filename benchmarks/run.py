@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from .embeddings.page import embeddings
-from .lib.report import RESULTS
+from .lib.report import RESULTS, stamp
 from .lib.sections import autoscale, e2e, overhead, padding, simulated
 from .serving.page import serving
 
@@ -69,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}", flush=True)
         section = BENCHES[name](args.quick)
         if section is not None:  # else it wrote its own, stamped
-            minutes = (time.time() - started) / 60
-            stamp = f"\n_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._\n"
-            (RESULTS / f"{name}{suffix}.md").write_text(section + stamp)
+            (RESULTS / f"{name}{suffix}.md").write_text(f"{section}\n{stamp((time.time() - started) / 60)}\n")
         print((RESULTS / f"{name}{suffix}.md").read_text(), flush=True)
     # RESULTS.md gathers the latest run of every section (so one section can be rerun on its own).
     header = (

@@ -33,12 +33,11 @@ import asyncio
 import json
 import statistics
 import sys
-import time
 from typing import Any
 
 from harness.ports import free_port
 
-from ..lib.report import RESULTS
+from ..lib.report import RESULTS, write_section
 from .load import (
     CHAT_MAX_TOKENS,
     ENGINE,
@@ -125,11 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.autoscale", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
-    started = time.time()
-    section = run(args.quick)
-    stamp = f"\n_{time.strftime('%Y-%m-%d %H:%M')}, {(time.time() - started) / 60:.1f} min._\n"
-    (RESULTS / f"autoscale{'-quick' if args.quick else ''}.md").write_text(section + stamp)
-    print(section)
+    print(write_section("autoscale", args.quick, run))
     return 0
 
 

@@ -13,6 +13,22 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
+def stamp(minutes: float) -> str:
+    """The line that closes a results page: when it ran and how long it took."""
+    return f"_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._"
+
+
+def write_section(name: str, quick: bool, run: Callable[[bool], str]) -> str:
+    """Run a benchmark (``run(quick)`` returns its section) and write the section, stamped, to
+    ``results/NAME.md`` (``NAME-quick.md`` for a quick run); the section."""
+    started = time.time()
+    section = run(quick)
+    (RESULTS / f"{name}{'-quick' if quick else ''}.md").write_text(
+        f"{section}\n{stamp((time.time() - started) / 60)}\n"
+    )
+    return section
+
+
 def png(name: str, quick: bool) -> str:
     """A plot's file name; quick runs get their own, so they never overwrite the full run's plots."""
     return f"{name}{'-quick' if quick else ''}.png"
@@ -57,8 +73,7 @@ def page(
     minutes: float,
 ) -> str:
     """A benchmark's results page: its title, what ran, the table, notes (peers that failed), the time stamp."""
-    stamp = f"_{time.strftime('%Y-%m-%d %H:%M')}, {minutes:.1f} min._"
-    return "\n".join([f"### {title}", "", about, "", table(rows, columns), "", *notes, stamp, ""])
+    return "\n".join([f"### {title}", "", about, "", table(rows, columns), "", *notes, stamp(minutes), ""])
 
 
 def bar_plot(path: Path, groups: list[Any], series: dict[str, list[float]], ylabel: str, title: str, log=False) -> None:

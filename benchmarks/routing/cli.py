@@ -34,10 +34,9 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from typing import Any
 
-from ..lib.report import RESULTS
+from ..lib.report import RESULTS, write_section
 from .cluster import ROUTERS, measure
 from .page import markdown, plot, rounded, summarize
 
@@ -82,11 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print("RESULT " + json.dumps(check()), flush=True)
         return 0
-    started = time.time()
-    section = run(args.quick)
-    stamp = f"\n_{time.strftime('%Y-%m-%d %H:%M')}, {(time.time() - started) / 60:.1f} min._\n"
-    (RESULTS / f"routing{'-quick' if args.quick else ''}.md").write_text(section + stamp)
-    print(section)
+    print(write_section("routing", args.quick, run))
     return 0
 
 
