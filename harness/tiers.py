@@ -10,7 +10,7 @@ simulated engine; ``system`` starts a real vLLM engine, a cluster of its own or 
 and fault tests at full size and anything that measures."""
 
 current: tuple[str, str] | None = None
-"""(test id, tier) of the test running now; set by the suite's conftest, None outside a test."""
+"""(test id, tier) of the test running now; set by the tier plugin (harness/pytest_tiers.py), None outside a test."""
 
 
 class TierError(Exception):
