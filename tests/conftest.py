@@ -170,9 +170,10 @@ def deploy_app(serve_instance):
     names: list[str] = []
 
     def deploy(name: str, **args: Any):
-        if merged(SIMULATED_DEFAULTS, args)["engine"] != "simulated":
+        config = merged(SIMULATED_DEFAULTS, args)
+        if config["engine"] != "simulated":
             tiers.require("system", f"a real engine in the session's cluster (app {name!r})")
-        handle = serve.run(build_app(merged(SIMULATED_DEFAULTS, args)), name=name, route_prefix=f"/{name}")
+        handle = serve.run(build_app(config), name=name, route_prefix=f"/{name}")
         names.append(name)
         return handle
 

@@ -23,7 +23,6 @@ environment) and named by pid and start time, never by name alone.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -37,6 +36,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.environment import ROOT
 from harness.launcher import SERVE_RUN_START_S, Server, healthy, serve_run
 from harness.ports import port_taken
 from harness.procs import alive, descendants, engine_of, processes, replicas
@@ -44,22 +44,20 @@ from serve_app.engines.procs import Proc
 
 from .conftest import FIGURES, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 ENGINE_GONE_S = 30.0  # the bound: no engine process outlives its replica by more
 BURST = """
-import asyncio, json, sys, httpx
-async def main(url, path, body, n):
+import asyncio, sys, httpx
+async def main(url, n):
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=n)) as client:
         async def one(i):
+            body = {"prompt": f"Story {i}: once upon a time", "max_tokens": 128, "ignore_eos": True}
             try:
-                return (await client.post(url + path, json={**body, "user": f"c{i}"})).status_code
+                return (await client.post(url + "/v1/completions", json=body)).status_code
             except httpx.HTTPError as exc:
                 return type(exc).__name__
         print(sorted(map(str, await asyncio.gather(*(one(i) for i in range(n))))), flush=True)
-asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])))
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
-BURST_BODY = {"prompt": "Story: once upon a time", "max_tokens": 128, "ignore_eos": True}  # 48: a minute's work
 EMBEDDED = "a batcher groups requests of similar length " * 24  # 16 of it a request, some seconds' work
 
 DELETE_WHEN_BUSY = """
@@ -134,10 +132,10 @@ class Run:
         )
 
     def burst(self, requests: int = 48) -> subprocess.Popen:
-        """``requests`` completions (:data:`BURST_BODY`) at once to the llm app, from a subprocess."""
+        """Requests of 128 output tokens at once to the llm app (48: a minute's work or more on 2 cores), from a
+        subprocess."""
         out = (self.server.log.parent / "burst.log").open("w")
-        argv = [sys.executable, "-c", BURST, self.url, "/v1/completions", json.dumps(BURST_BODY), str(requests)]
-        helper = subprocess.Popen(argv, stdout=out, stderr=out)
+        helper = subprocess.Popen([sys.executable, "-c", BURST, self.url, str(requests)], stdout=out, stderr=out)
         self.helpers.append(helper)
         return helper
 

@@ -4,9 +4,7 @@ mis-marked suite in a pytest of its own, with the real suite's fixtures."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from harness.environment import ROOT
 
 CONFTEST = """
 pytest_plugins = ["harness.pytest_tiers"]
