@@ -21,14 +21,19 @@ GATED_FIXTURES: dict[str, tuple[str, str]] = {
 }
 """Fixtures that start something, by the tier that may use them (and what they start, for the failure)."""
 
-LAST_IN_TIER = "real_app_to_end"
-"""The fixture for a test that may end or disturb the real app: such tests run after the rest of their tier."""
+LAST_IN_TIER = ("real_app_to_end", "own_run_to_end")
+"""Fixtures of tests that end or disturb what they run on (the session's real app, a `serve run` of their own
+beside it): such tests run after the rest of their tier, when the real app is no longer needed."""
 
 
 def tier_of(item: pytest.Item) -> str:
     """The highest tier among the item's markers; ``unit`` when it has none."""
     marked = [marker.name for marker in item.iter_markers() if marker.name in tiers.TIERS]
     return max(marked, key=tiers.rank, default="unit")
+
+
+def ends_what_it_runs_on(item: pytest.Item) -> bool:
+    return any(name in getattr(item, "fixturenames", ()) for name in LAST_IN_TIER)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -53,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if tier_of(item) == "unit":
             item.add_marker(pytest.mark.unit)
-    items.sort(key=lambda item: (tiers.rank(tier_of(item)), LAST_IN_TIER in getattr(item, "fixturenames", ())))
+    items.sort(key=lambda item: (tiers.rank(tier_of(item)), ends_what_it_runs_on(item)))
 
 
 @pytest.hookimpl(tryfirst=True)

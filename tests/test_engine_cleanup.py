@@ -6,13 +6,16 @@ does not notice its owner dying; Ray kills it (``serve.env``: per-worker process
 worker exit), or, where the raylet goes first, the replica's engine reaper (serve_app/engines/reaper.py). Each case
 kills a replica the way a user or Serve does, against `serve run serve_config.yaml` started as a user does
 (``serve.env`` applied, a private ``RAY_TMPDIR``, this process never connecting to that cluster: drivers run as
-subprocesses), and waits, with a bound, for every process below that replica to be gone. The first three cases use
-the session's real app, in this order and after the tier's other tests (the last one ends it); the fourth a run of
-the generation app alone:
+subprocesses), and waits, with a bound, for every process below that replica to be gone. The cases run after the
+tier's other tests, in this order. Two use the session's real app (the second ends it):
+
+- ``serve.delete`` of the embedding app during a burst of requests;
+- Ctrl-C twice on ``serve run`` during a burst (the second while it shuts down).
+
+Two use a `serve run` of the generation app alone, the module's, from its start (the first case needs its replicas
+starting, the second ends it):
 
 - a generation replica killed (SIGKILL of its worker, then ``ray.kill`` of its actor) while its engine starts;
-- ``serve.delete`` of the embedding app during a burst of requests;
-- Ctrl-C twice on ``serve run`` during a burst (the second while it shuts down);
 - `ray stop --force` during a burst (the raylet killed with the replica: the engine reaper's case), after which
   HAProxy must be gone too and the HTTP port free for the next `serve run`.
 
@@ -184,15 +187,15 @@ def real_run(real_app_to_end) -> Iterator[Run]:
     run.finish()
 
 
-@pytest.fixture
-def own_run(tmp_path) -> Iterator[Run]:
-    """`serve run` of the generation app alone (the embedding app and its engine play no part here), for the case
-    that ends it beside the real app's."""
+@pytest.fixture(scope="module")
+def own_run_to_end(tmp_path_factory) -> Iterator[Run]:
+    """`serve run` of the generation app alone (the embedding app and its engine play no part here), started when
+    the module's first case that needs it begins (so that its first replica is still starting), ended by the last."""
     pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
     from serve_app.models import prepare
 
     prepare()
-    run = Run(serve_run(tmp_path, embeddings=None))
+    run = Run(serve_run(tmp_path_factory.mktemp("own-run"), embeddings=None))
     yield run
     run.finish()
     run.server.stop()
@@ -239,35 +242,45 @@ def ray_stop_force(run: Run) -> list[Proc]:
 
 
 @pytest.mark.system
-def test_ray_stop_force_during_a_burst_leaves_no_engine_and_frees_the_port(own_run):
-    """`ray stop --force` with requests inside the engine: the raylet dies with the replica, so Ray's own cleanup
-    (the raylet killing the replica's process group) cannot run; the replica's engine reaper does it
-    (serve_app/engines/reaper.py). Before it, the EngineCore and its worker ran on, orphaned. The same held for
-    HAProxy (serve.env), Serve's HAProxyManager's child: it ran on holding the HTTP port, and the next `serve run`
-    failed to bind it; it now exits with its manager (serve_app/serving/haproxy_guard.py)."""
-    run = own_run
-    replica, engine = run.serving_replica()
-    run.burst()
-    run.wait_requests_inside()
-    haproxy = [proc for proc in processes(run.server.marker).values() if proc.title.split()[0].endswith("/haproxy")]
-    port = int(run.url.rsplit(":", 1)[1])
-    assert haproxy and port_taken(port), "HAProxy (serve.env) holds the app's HTTP port"
-    doomed = ray_stop_force(run)
-    assert replica.pid in {proc.pid for proc in doomed} and any("raylet" in proc.title for proc in doomed)
-    ours = {p.pid for p in engine + haproxy}
-    assert not any(proc.pid in ours for proc in doomed)  # neither the engine nor HAProxy is Ray's to name
-    assert_gone(engine, "ray stop --force during a burst")
-    assert_gone(haproxy, "ray stop --force: HAProxy")
-    wait_until(lambda: not port_taken(port), ENGINE_GONE_S, "the HTTP port to be free")
+def test_serve_delete_during_a_burst_leaves_no_engine(real_run):
+    """``serve.delete`` of an app with inputs inside its engine: once the app is deleted (Serve drained the replica,
+    or force-killed it after its graceful_shutdown_timeout_s), its engine is gone too. The embedding app's (vLLM's
+    pooling engine, started and stopped as the generation app's is), so that the generation app stays for the
+    Ctrl-C case after it."""
+    run = real_run
+    replica, engine = run.serving_replica("embeddings")
+    run.driver(DELETE_WHEN_BUSY, "embeddings", EMBEDDED, "4")  # the driver sends the burst itself
+    assert_gone([replica], "serve.delete of the embedding app returned", bound=10)
+    assert_gone(engine, "serve.delete of the embedding app during a burst")
 
 
 @pytest.mark.system
-def test_replica_killed_while_its_engine_starts_leaves_no_engine(real_run):
+def test_ctrl_c_twice_on_serve_run_leaves_no_engine(real_run):
+    """Ctrl-C on `serve run` during a burst, and again while it shuts down (it waits for the replicas to
+    drain): the second one aborts the shutdown, and still no engine is left."""
+    run = real_run
+    _, engine = run.serving_replica()
+    run.burst()
+    run.wait_requests_inside()
+    os.killpg(run.server.proc.pid, signal.SIGINT)  # Ctrl-C signals the terminal's foreground process group
+    wait_until(
+        lambda: "shutting down" in run.log_text(),
+        30,
+        "serve run to start shutting down",
+        detail=lambda: f"; serve run's exit status: {run.server.proc.poll()}; its log:\n{run.log_text()[-4000:]}",
+    )
+    os.killpg(run.server.proc.pid, signal.SIGINT)
+    assert_gone(engine, "Ctrl-C twice on serve run")
+    wait_until(run.exited, ENGINE_GONE_S, "serve run to exit")
+
+
+@pytest.mark.system
+def test_replica_killed_while_its_engine_starts_leaves_no_engine(own_run_to_end):
     """SIGKILL of the replica's worker, then ``ray.kill`` of the next replica's actor, each inside
     ``AsyncLLM.from_engine_args`` (its EngineCore up, the app not ready): the engine goes with the replica."""
-    run = real_run
+    run = own_run_to_end
     serving = None
-    if run.healthy():  # the app is up: make Serve start a replica to kill
+    if run.healthy():  # the app is up (the case run again, or after the next): make Serve start a replica to kill
         serving = run.serving_replica()[0].pid
         os.kill(serving, signal.SIGKILL)
     replica, engine = wait_until(  # not the one just killed, whose engine may not be gone yet
@@ -302,33 +315,23 @@ def test_replica_killed_while_its_engine_starts_leaves_no_engine(real_run):
 
 
 @pytest.mark.system
-def test_serve_delete_during_a_burst_leaves_no_engine(real_run):
-    """``serve.delete`` of an app with inputs inside its engine: once the app is deleted (Serve drained the replica,
-    or force-killed it after its graceful_shutdown_timeout_s), its engine is gone too. The embedding app's (vLLM's
-    pooling engine, started and stopped as the generation app's is), so that the generation app stays for the
-    Ctrl-C case after it."""
-    run = real_run
-    replica, engine = run.serving_replica("embeddings")
-    run.driver(DELETE_WHEN_BUSY, "embeddings", EMBEDDED, "4")  # the driver sends the burst itself
-    assert_gone([replica], "serve.delete of the embedding app returned", bound=10)
-    assert_gone(engine, "serve.delete of the embedding app during a burst")
-
-
-@pytest.mark.system
-def test_ctrl_c_twice_on_serve_run_leaves_no_engine(real_run):
-    """Ctrl-C on `serve run` during a burst, and again while it shuts down (it waits for the replicas to
-    drain): the second one aborts the shutdown, and still no engine is left."""
-    run = real_run
-    _, engine = run.serving_replica()
+def test_ray_stop_force_during_a_burst_leaves_no_engine_and_frees_the_port(own_run_to_end):
+    """`ray stop --force` with requests inside the engine: the raylet dies with the replica, so Ray's own cleanup
+    (the raylet killing the replica's process group) cannot run; the replica's engine reaper does it
+    (serve_app/engines/reaper.py). Before it, the EngineCore and its worker ran on, orphaned. The same held for
+    HAProxy (serve.env), Serve's HAProxyManager's child: it ran on holding the HTTP port, and the next `serve run`
+    failed to bind it; it now exits with its manager (serve_app/serving/haproxy_guard.py)."""
+    run = own_run_to_end
+    replica, engine = run.serving_replica()
     run.burst()
     run.wait_requests_inside()
-    os.killpg(run.server.proc.pid, signal.SIGINT)  # Ctrl-C signals the terminal's foreground process group
-    wait_until(
-        lambda: "shutting down" in run.log_text(),
-        30,
-        "serve run to start shutting down",
-        detail=lambda: f"; serve run's exit status: {run.server.proc.poll()}; its log:\n{run.log_text()[-4000:]}",
-    )
-    os.killpg(run.server.proc.pid, signal.SIGINT)
-    assert_gone(engine, "Ctrl-C twice on serve run")
-    wait_until(run.exited, ENGINE_GONE_S, "serve run to exit")
+    haproxy = [proc for proc in processes(run.server.marker).values() if proc.title.split()[0].endswith("/haproxy")]
+    port = int(run.url.rsplit(":", 1)[1])
+    assert haproxy and port_taken(port), "HAProxy (serve.env) holds the app's HTTP port"
+    doomed = ray_stop_force(run)
+    assert replica.pid in {proc.pid for proc in doomed} and any("raylet" in proc.title for proc in doomed)
+    ours = {p.pid for p in engine + haproxy}
+    assert not any(proc.pid in ours for proc in doomed)  # neither the engine nor HAProxy is Ray's to name
+    assert_gone(engine, "ray stop --force during a burst")
+    assert_gone(haproxy, "ray stop --force: HAProxy")
+    wait_until(lambda: not port_taken(port), ENGINE_GONE_S, "the HTTP port to be free")
