@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import os
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -265,85 +262,45 @@ class RealApp:
 
 
 class RealApps:
-    """The session's real app: started when a test first needs it (or, in a run that will, as the run begins:
-    :meth:`begin`), again after a test that ended it."""
+    """The session's real app: started when a test first needs it, again after a test that ended it."""
 
-    def __init__(self) -> None:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
         self.app: RealApp | None = None
-        self.starting: Server | None = None
-        self.ports = contextlib.ExitStack()  # held while the app starts
-        self.workdirs: list[Path] = []  # each start's config and log, kept after a run with failures
         self.starts = 0
-
-    def begin(self) -> None:
-        """Start the app without waiting for it, unless it runs or is starting: its engines start while the tests
-        before the first that needs it run."""
-        if self.starting is not None or (self.app is not None and not self.app.server.exited()):
-            return
-        self.close()
-        from serve_app.models import prepare
-
-        prepare()
-        self.starts += 1
-        workdir = Path(tempfile.mkdtemp(prefix=f"real-app-run{self.starts}-"))
-        self.workdirs.append(workdir)
-        self.ports.enter_context(holding(RAY_HAPROXY_SIDE_PORTS))  # the suite runs beside a `make serve` too
-        self.starting = serve_run(workdir)
 
     def get(self) -> RealApp:
         pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
         if self.app is None or self.app.server.exited():
-            self.begin()
-            server, self.starting = self.starting, None
-            assert server is not None
-            try:
-                server.wait_ready(lambda s: healthy(s) and embeddings_up(s), SERVE_RUN_START_S)
-            except BaseException:
-                server.stop()
-                raise
-            finally:
-                self.ports.close()
+            self.close()
+            from serve_app.models import prepare
+
+            prepare()
+            self.starts += 1
+            workdir = self.workdir / f"run{self.starts}"
+            workdir.mkdir()
+            with holding(RAY_HAPROXY_SIDE_PORTS):  # the suite runs beside a `make serve` too
+                server = serve_run(workdir)
+                try:
+                    server.wait_ready(lambda s: healthy(s) and embeddings_up(s), SERVE_RUN_START_S)
+                except BaseException:
+                    server.stop()
+                    raise
             self.app = RealApp(server)
         return self.app
 
     def close(self) -> None:
-        """Stop the app (what Ctrl-C does), or its start, and whatever of its cluster outlived it."""
-        if self.starting is not None:
-            self.starting.stop()
-            self.starting = None
-        self.ports.close()
+        """Stop the app (what Ctrl-C does) and whatever of its cluster outlived it."""
         if self.app is not None:
             self.app.server.stop()
             self.app = None
 
 
-REAL_APPS = RealApps()
-NEEDS_REAL_APP = {"real_app", "real_app_to_end", "real_apps"}
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """A run with tests that need the real app starts it now: its vLLM engines start on the CPU that the unit and
-    serve tiers leave idle (they mostly wait on Ray), not in the first such test's set-up."""
-    if session.config.option.collectonly or not importlib.util.find_spec("vllm"):
-        return
-    if any(NEEDS_REAL_APP & set(getattr(item, "fixturenames", ())) for item in session.items):
-        try:
-            REAL_APPS.begin()
-        except Exception:  # the first test that needs the app starts it again and fails with the reason
-            REAL_APPS.close()
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    REAL_APPS.close()  # also when no test got as far as the fixture (an early failure with -x)
-    if not session.testsfailed:
-        for workdir in REAL_APPS.workdirs:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
-def real_apps() -> Iterator[RealApps]:
-    yield REAL_APPS
-    REAL_APPS.close()
+def real_apps(tmp_path_factory) -> Iterator[RealApps]:
+    apps = RealApps(tmp_path_factory.mktemp("real-app"))
+    yield apps
+    apps.close()
 
 
 @pytest.fixture

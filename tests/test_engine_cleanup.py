@@ -280,7 +280,7 @@ def test_replica_killed_while_its_engine_starts_leaves_no_engine(own_run_to_end)
     ``AsyncLLM.from_engine_args`` (its EngineCore up, the app not ready): the engine goes with the replica."""
     run = own_run_to_end
     serving = None
-    if run.healthy():  # the app is up (the case run again, or after the next): make Serve start a replica to kill
+    if run.healthy():  # the app is up already: make Serve start a replica to kill
         serving = run.serving_replica()[0].pid
         os.kill(serving, signal.SIGKILL)
     replica, engine = wait_until(  # not the one just killed, whose engine may not be gone yet
