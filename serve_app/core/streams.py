@@ -9,6 +9,9 @@ from typing import Any
 
 _END = object()
 _background: set[asyncio.Task] = set()
+TIMEOUT_AT = getattr(asyncio, "timeout_at", None)
+"""Python 3.11's deadline for an await: a timer on the loop. ``asyncio.wait_for`` (3.10) wraps every await in a
+task of its own, which a stream pays for every output it passes on."""
 
 
 class FutureStream:
@@ -50,7 +53,10 @@ async def merge(streams: Sequence[Any], timeout_s: float) -> AsyncIterator[tuple
 
     async def within(awaitable: Awaitable[Any]) -> Any:
         try:
-            return await asyncio.wait_for(awaitable, max(0.0, deadline - loop.time()))
+            if TIMEOUT_AT is None:  # Python 3.10
+                return await asyncio.wait_for(awaitable, max(0.0, deadline - loop.time()))
+            async with TIMEOUT_AT(deadline):
+                return await awaitable
         except asyncio.TimeoutError:
             raise TimeoutError(f"not finished within request_timeout_s={timeout_s:g}") from None
 
