@@ -6,7 +6,8 @@ written. The README's performance summary and ``docs/performance.md`` are edited
 outside this script (paired rounds, experiments) go to ``benchmarks/results/*-history.md``, which no run overwrites.
 
     python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e autoscale embeddings
-                                        routing routing_real routing_real_batches fairness tenancy batch_jobs]
+                                        routing routing_real routing_real_batches fairness tenancy batch_jobs
+                                        fast_engine]
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ BENCHES: dict[str, Callable[[bool], str | None]] = {
     "fairness": own_process("fairness"),
     "tenancy": own_process("tenancy"),
     "batch_jobs": own_process("batch_jobs"),
+    "fast_engine": own_process("fast_engine"),
 }
 
 

@@ -104,6 +104,8 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
         "ttft_p99_ms": raw.get("p99_ttft_ms", math.nan),
         "tpot_p50_ms": raw.get("p50_tpot_ms", math.nan),
         "tpot_p99_ms": raw.get("p99_tpot_ms", math.nan),
+        "itl_p50_ms": raw.get("p50_itl_ms", math.nan),
+        "itl_p99_ms": raw.get("p99_itl_ms", math.nan),
         "e2el_mean_ms": raw.get("mean_e2el_ms", math.nan),
         "e2el_p99_ms": raw.get("p99_e2el_ms", math.nan),
         "goodput_rps": float(goodput) if goodput is not None else math.nan,

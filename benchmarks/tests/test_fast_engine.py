@@ -1,0 +1,135 @@
+"""The fast-engine benchmark's parts that need no server: the tiny model it makes, the CPU it charges to each role
+of a peer's processes, and how rounds become medians and ratios to vllm."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.fast_engine.cli import page
+from benchmarks.fast_engine.cpu import ROLES, TICK_S, role, snapshot, spent
+from benchmarks.fast_engine.model import TINY, make_tiny_model
+from benchmarks.fast_engine.runs import add_ratios, row, summary
+
+
+def test_the_tiny_model_is_the_bundled_models_config_shrunk_with_its_tokenizer_and_seeded_weights(tmp_path):
+    pytest.importorskip("transformers")
+    from safetensors.numpy import load_file
+
+    from serve_app.models import prepare
+
+    source = prepare()
+    a = make_tiny_model(tmp_path / "a", seed=3)
+    b = make_tiny_model(tmp_path / "b", seed=3)
+    config, bundled = json.loads((a / "config.json").read_text()), json.loads((source / "config.json").read_text())
+    assert {k: config[k] for k in TINY} == TINY
+    assert config["vocab_size"] == bundled["vocab_size"] and config["eos_token_id"] == bundled["eos_token_id"]
+    assert (a / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    assert not (a / ".prepared").exists()
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)  # the same seed, the same weights
+    assert sum(w.size for w in wa.values()) < 5_000_000  # tiny: the vocabulary's embedding is most of it
+
+
+def test_a_model_that_is_not_a_llama_is_refused_by_name(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ValueError, match="'bert' model"):
+        make_tiny_model(tmp_path / "out", source=tmp_path / "src")
+
+
+@pytest.mark.parametrize(
+    ("title", "expected"),
+    [
+        ("VLLM::EngineCore", "engine"),
+        ("VLLM::Worker", "engine"),
+        ("ray::HAProxyManager", "proxy"),
+        ("ray::ServeReplica:llm:LLMServer", "replica"),
+        ("ray::ServeReplica:embeddings:EmbeddingServer", "other"),
+        ("/usr/sbin/haproxy -f /tmp/rt/haproxy.cfg", "proxy"),
+        ("ray::ProxyActor", "proxy"),
+        ("python -m vllm.entrypoints.openai.api_server --model /tmp/tiny", "api server"),
+        ("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --node_id", "other"),
+    ],
+)
+def test_each_process_of_a_peer_has_its_role(title, expected):
+    assert role(title) == expected and expected in ROLES
+
+
+def test_the_cpu_a_marked_process_spends_is_counted_from_proc(tmp_path):
+    """A child carrying the marker burns 0.3 s of CPU once told to (its own clock, not the wall's): the snapshots
+    around the burn count that for it, less /proc's rounding to clock ticks, and nothing for any other process."""
+    marker = str(tmp_path / "marker")
+    burn = (
+        "import sys, time\n"
+        "sys.stdin.readline()\n"
+        "start = time.process_time()\n"
+        "while time.process_time() - start < 0.3: pass\n"
+        "print('burnt', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", burn],
+        env={**os.environ, "RAY_TMPDIR": marker},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        before = snapshot(marker)
+        assert [key[0] for key in before] == [child.pid]
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "burnt\n"
+        used = spent(before, snapshot(marker))
+    finally:
+        child.stdin.close()
+        child.wait()
+    assert used["other"] >= 0.3 - 4 * TICK_S and sum(used.values()) == used["other"]
+
+
+def test_a_process_started_between_snapshots_counts_from_its_start_and_a_gone_one_not_at_all():
+    before = {(1, 10): ("replica", 5.0), (2, 20): ("engine", 7.0)}
+    after = {(1, 10): ("replica", 6.5), (3, 30): ("proxy", 0.25)}  # 2 ended; 3 is new; a reused pid is new too
+    assert spent(before, after) == {"engine": 0.0, "replica": 1.5, "proxy": 0.25, "api server": 0.0, "other": 0.0}
+
+
+def test_rounds_give_medians_and_per_round_ratios_to_vllm():
+    def run(peer, rnd, tok_s, itl_p99, cpu, failed=0):
+        metrics = {"output_tok_s": tok_s, "itl_p99_ms": itl_p99, "serving_cpu_per_1k": cpu, "ttft_p99_ms": 1000.0}
+        status = f"{failed} failed: boom" if failed else "ok"
+        return row(peer, "openai", 256, rnd, status, completed=512 - failed, failed=failed, **metrics)
+
+    rows = [run("vllm", 0, 1000, 100, 1.0), run("app", 0, 2000, 300, 2.0)]
+    rows += [run("app", 1, 1500, 100, 1.0, failed=3), run("vllm", 1, 500, 100, 2.0)]  # 3 failed: still counted
+    rows.append(row("vllm-all-cores", "openai", 256, 0, "did not deploy: boom"))
+    add_ratios(rows)
+    vllm, app, other = summary(rows)  # in the order the peers first ran
+    assert app["peer"] == "app" and app["rounds"] == 2 and app["output_tok_s"] == 1750
+    assert app["failed"] == 3 and app["status"] == "3 failed: boom"
+    assert app["tput_vs_vllm"] == 2.5 and app["tput_vs_vllm_range"] == (2.0, 3.0)  # 2x and 3x in their own rounds
+    assert app["itl_p99_vs_vllm"] == 2.0 and app["serving_cpu_vs_vllm"] == 1.25
+    assert vllm["tput_vs_vllm"] == 1.0
+    assert other["rounds"] == 0 and other["status"] == "did not deploy: boom" and math.isnan(other["output_tok_s"])
+    assert vllm["status"] == "ok" and vllm["failed"] == 0
+    text = page({"config": config(), "summary": [app, vllm, other]}, 1.0)
+    assert "| app | openai | 256 | 2 | 3 | 1,750 | 2.50 |" in text
+    assert "- app / openai / 256: 3 failed: boom" in text
+    assert "- vllm-all-cores / openai / 256: did not deploy: boom" in text
+
+
+def config() -> dict:
+    return {
+        "model": "tiny",
+        "dtype": "float32",
+        "cores": 2,
+        "rounds": 2,
+        "input_len": 128,
+        "output_len": 256,
+        "prompts_per_slot": 2,
+    }
