@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from benchmarks.fast_engine.cli import page
-from benchmarks.fast_engine.cpu import ROLES, TICK_S, role, snapshot, spent
+from benchmarks.fast_engine.cpu import ROLES, TICK_S, Sampler, role, snapshot, spent
 from benchmarks.fast_engine.model import TINY, make_tiny_model
 from benchmarks.fast_engine.runs import add_ratios, row, summary
 
@@ -97,6 +97,15 @@ def test_a_process_started_between_snapshots_counts_from_its_start_and_a_gone_on
     before = {(1, 10): ("replica", 5.0), (2, 20): ("engine", 7.0)}
     after = {(1, 10): ("replica", 6.5), (3, 30): ("proxy", 0.25)}  # 2 ended; 3 is new; a reused pid is new too
     assert spent(before, after) == {"engine": 0.0, "replica": 1.5, "proxy": 0.25, "api server": 0.0, "other": 0.0}
+
+
+def test_a_window_is_counted_from_the_snapshots_just_outside_it():
+    sampler = Sampler("unused")  # not started: its snapshots set by hand, one a second
+    sampler.times = [10.0, 11.0, 12.0, 13.0]
+    sampler.snapshots = [{(1, 1): ("replica", float(cpu))} for cpu in (0, 2, 5, 9)]
+    assert sampler.spent_between(11.5, 12.5)["replica"] == 7.0  # from 11.0's snapshot to 13.0's
+    assert sampler.spent_between(11.0, 12.0)["replica"] == 3.0  # snapshots at the bounds themselves
+    assert sampler.spent_between(0.0, 99.0)["replica"] == 9.0  # beyond them: the first and the last
 
 
 def test_rounds_give_medians_and_per_round_ratios_to_vllm():
