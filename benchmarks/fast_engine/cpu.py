@@ -6,15 +6,12 @@ phase is counted (not the client's start-up, when vLLM's CPU engine still spends
 from __future__ import annotations
 
 import bisect
-import os
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from harness.procs import processes
 
-TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 ROLES = ("engine", "replica", "proxy", "api server", "other")
 """``engine``: vLLM's engine processes (``VLLM::EngineCore``, which schedules, and ``VLLM::Worker``, which computes on
 the CPU build), the embedding app's idle one included; ``replica``: the generation app's Serve replica (ingress,
@@ -35,25 +32,10 @@ def role(title: str) -> str:
     return "other"
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU seconds ``pid`` has spent, or None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S
-
-
 def snapshot(marker: str) -> dict[tuple[int, int], tuple[str, float]]:
     """Each process of the peer (by pid and start time, so a reused pid is another process): its role and CPU
     seconds so far."""
-    out = {}
-    for pid, proc in processes(marker).items():
-        seconds = cpu_seconds(pid)
-        if seconds is not None:
-            out[(pid, proc.start)] = (role(proc.title), seconds)
-    return out
+    return {(pid, proc.start): (role(proc.title), proc.cpu_s) for pid, proc in processes(marker).items()}
 
 
 def spent(before: dict[tuple[int, int], tuple[str, float]], after: dict) -> dict[str, float]:

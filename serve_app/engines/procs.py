@@ -9,12 +9,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+"""/proc's time unit, per second."""
+
 
 @dataclass(frozen=True)
 class Proc:
     """One process as /proc shows it. ``pid`` and ``start`` (clock ticks after boot) together name one process
     even after its pid is reused; ``title`` is its command line, which Ray's workers and vLLM's processes
-    rewrite (``ray::ServeReplica:llm:LLMServer``, ``VLLM::EngineCore``): ``comm`` cuts those at 15 bytes."""
+    rewrite (``ray::ServeReplica:llm:LLMServer``, ``VLLM::EngineCore``): ``comm`` cuts those at 15 bytes.
+    ``cpu_s``: the user and system CPU seconds it had spent when read."""
 
     pid: int
     ppid: int
@@ -22,6 +26,7 @@ class Proc:
     state: str
     start: int
     title: str
+    cpu_s: float
 
 
 def read_proc(pid: int) -> Proc | None:
@@ -32,7 +37,8 @@ def read_proc(pid: int) -> Proc | None:
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()  # the name in parentheses may hold spaces
-    return Proc(pid, int(fields[1]), int(fields[2]), fields[0], int(fields[19]), title)
+    cpu_s = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return Proc(pid, int(fields[1]), int(fields[2]), fields[0], int(fields[19]), title, cpu_s)
 
 
 def process_table() -> dict[int, Proc]:
