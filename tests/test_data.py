@@ -172,7 +172,7 @@ def test_a_job_that_asks_for_log_probabilities_gets_a_typed_logprobs_column():
     the job's sampling asks for them; minus infinity stays as the engine computed it, a failed row has null."""
     import numpy as np
 
-    from serve_app.core.generator import error_row
+    from serve_app.core.rows import generation_error_row as error_row
     from serve_app.data.rows import GENERATE_COLUMNS, LOGPROBS_TYPE, generate_columns, rows_out
 
     assert generate_columns({"max_tokens": 8}) is GENERATE_COLUMNS and "logprobs" not in GENERATE_COLUMNS

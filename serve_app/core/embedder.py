@@ -23,6 +23,7 @@ from ..engines.embedding import EmbeddingRequest, build_embedding_engine
 from ..errors import GenerationError, RequestError
 from .base import Core, Observer
 from .inputs import InputBuilder
+from .rows import embedding_error_row
 
 Outcome = list[float] | BaseException
 
@@ -33,11 +34,6 @@ def check(outcomes: Sequence[Outcome]) -> list[list[float]]:
         if isinstance(outcome, BaseException):
             raise GenerationError(f"input {index} failed in the encoder: {outcome}") from outcome
     return list(outcomes)  # type: ignore[arg-type]
-
-
-def error_row(message: str) -> dict[str, Any]:
-    """The row of an input that failed: no vector, ``error`` set."""
-    return {"embedding": None, "tokens": 0, "error": message}
 
 
 class Embedder(Core[EmbeddingConfig, BatcherSettings]):
@@ -108,7 +104,7 @@ class Embedder(Core[EmbeddingConfig, BatcherSettings]):
         out = []
         for row in rows:
             if isinstance(row, RequestError):
-                out.append(error_row(f"invalid: {row}"))
+                out.append(embedding_error_row(f"invalid: {row}"))
                 continue
             outcome = next(outcomes)
             failed = isinstance(outcome, BaseException)

@@ -35,6 +35,7 @@ from ..errors import GenerationError, RequestError
 from ..openai.common import Origin, SamplingFields
 from .base import Core, Observer
 from .requests import INTERACTIVE, RequestBuilder, parse
+from .rows import generation_error_row
 from .streams import FutureStream, merge
 
 FATAL = (EngineDeadError, BatcherStoppedError)
@@ -139,10 +140,6 @@ class Generator(Core[AppConfig, BatcherSettings]):
         valid = [row for row in rows if isinstance(row, GenerationRequest)]
         results = iter(await self.results(valid) if valid else [])
         return [
-            error_row(f"invalid: {row}") if isinstance(row, RequestError) else next(results).to_dict() for row in rows
+            generation_error_row(f"invalid: {row}") if isinstance(row, RequestError) else next(results).to_dict()
+            for row in rows
         ]
-
-
-def error_row(message: str) -> dict[str, Any]:
-    """The row of a prompt that failed: no text, ``error`` set."""
-    return {"text": "", "prompt_tokens": 0, "output_tokens": 0, "finish_reason": "error", "error": message}

@@ -14,23 +14,31 @@ Embedding a corpus works the same way through the embedding app (``embed``), or 
 Resumable jobs: ``generate(ds, ..., checkpoint="ckpt/")`` (or ``checkpointed(ds, "ckpt/")`` before an in-process
 ``map_batches``) records the ids of written rows, and the same job run again skips them; ``read(path,
 id_column="id")`` numbers rows that have no id (``"<file>:<row>"``).
-"""
 
-from .in_process import InProcessEmbed, InProcessGenerate
-from .jobs import (
-    DATA_PRIORITY,
-    DEFAULT_BATCH_SIZE,
-    EMBED_BATCH_SIZE,
-    RowFailedError,
-    ServeEmbed,
-    ServeGenerate,
-    actor_pool,
-    app_capacity,
-    embed,
-    generate,
-    job_blocks,
-)
-from .resume import checkpointed, read
+Names are imported when first used (PEP 562): a job's map actor imports its own module (``jobs``) without the
+in-process cores' engines."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .in_process import InProcessEmbed, InProcessGenerate
+    from .jobs import (
+        DATA_PRIORITY,
+        DEFAULT_BATCH_SIZE,
+        EMBED_BATCH_SIZE,
+        RowFailedError,
+        ServeEmbed,
+        ServeGenerate,
+        actor_pool,
+        app_capacity,
+        embed,
+        generate,
+        job_blocks,
+    )
+    from .resume import checkpointed, read
 
 __all__ = [
     "DATA_PRIORITY",
@@ -49,3 +57,16 @@ __all__ = [
     "job_blocks",
     "read",
 ]
+
+_MODULES = {  # the rest are in .jobs
+    "InProcessEmbed": "in_process",
+    "InProcessGenerate": "in_process",
+    "checkpointed": "resume",
+    "read": "resume",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_MODULES.get(name, 'jobs')}", __name__), name)

@@ -22,8 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..config import DATA_PRIORITY
-from ..core.embedder import error_row as embed_error_row
-from ..core.generator import error_row as generate_error_row
+from ..core.rows import embedding_error_row, generation_error_row
 from .progress import report
 from .resume import checkpointed
 from .retries import Retries
@@ -115,7 +114,7 @@ class ServeGenerate(_ServeRows):
     method: ClassVar[str] = "generate_batch"
     tokens_key: ClassVar[str] = "output_tokens"
     columns: dict[str, Any] = GENERATE_COLUMNS
-    error_row = staticmethod(generate_error_row)
+    error_row = staticmethod(generation_error_row)
 
     def __init__(
         self,
@@ -136,7 +135,7 @@ class ServeEmbed(_ServeRows):
     method: ClassVar[str] = "embed_batch"
     tokens_key: ClassVar[str] = "tokens"
     columns: dict[str, Any] = EMBED_COLUMNS
-    error_row = staticmethod(embed_error_row)
+    error_row = staticmethod(embedding_error_row)
 
     def __init__(
         self,
