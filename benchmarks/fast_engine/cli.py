@@ -16,8 +16,13 @@ each peer spent per 1,000 output tokens (``benchmarks.fast_engine.cpu``): the en
 the rest: the app's replica, proxy and Ray; vLLM's API server). Ratios are to vllm, taken within each round, and
 their medians over the rounds.
 
+And a short-request load (``benchmarks.fast_engine.scoring``): an evaluation harness scoring choices, 200
+completions of 20-60 tokens with ``max_tokens`` 1, ``echo`` and ``logprobs``, 8 at a time; its wall time, request
+latency and the serving layer's CPU per request.
+
     python -m benchmarks.fast_engine [--quick] [--rounds 2] [--concurrency 64 256 1024] [--output-len 256]
                                      [--peers app vllm vllm-all-cores] [--backends openai openai-chat]
+                                     [--scoring-requests 200]
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from typing import Any
 from ..lib.report import RESULTS, table
 from ..lib.report import page as report_page
 from ..serving.client import BACKENDS
-from .runs import CONCURRENCY, OUTPUT_LEN, PEERS, measure
+from .runs import CONCURRENCY, OUTPUT_LEN, PEERS, SCORING, measure
+from .scoring import REQUESTS
 
 COLUMNS = [
     ("peer", "peer", ""),
@@ -51,6 +57,17 @@ COLUMNS = [
     ("serving_cpu_per_1k", "serving CPU s/1k tok", ".2f"),
     ("serving_cpu_vs_vllm", "x vllm", ".2f"),
 ]
+SCORING_COLUMNS = [
+    ("peer", "peer", ""),
+    ("concurrency", "at once", ""),
+    ("rounds", "rounds", ""),
+    ("failed", "failed", ""),
+    ("wall_s", "wall s", ".2f"),
+    ("wall_vs_vllm", "x vllm", ".2f"),
+    ("request_p50_ms", "request p50 ms", ".1f"),
+    ("request_p99_ms", "request p99 ms", ".1f"),
+    ("serving_cpu_ms_per_request", "serving CPU ms/request", ".2f"),
+]
 CPU_COLUMNS = [
     ("peer", "peer", ""),
     ("backend", "backend", ""),
@@ -65,7 +82,9 @@ CPU_COLUMNS = [
 
 def page(out: dict[str, Any], minutes: float) -> str:
     """The results page: the medians' table, the CPU by process role, and every run that did not complete."""
-    cfg, rows = out["config"], out["summary"]
+    cfg = out["config"]
+    rows = [r for r in out["summary"] if r["backend"] != SCORING]
+    scoring = [r for r in out["summary"] if r["backend"] == SCORING]
     for r in rows:
         r["ttft_p50_s"], r["ttft_p99_s"] = r["ttft_p50_ms"] / 1000, r["ttft_p99_ms"] / 1000
     about = (
@@ -76,8 +95,21 @@ def page(out: dict[str, Any], minutes: float) -> str:
         "output tokens over each client run: the engine, and the serving layer (every other process of the peer)."
     )
     notes = ["CPU seconds per 1,000 output tokens, by process role:", "", table(rows, CPU_COLUMNS), ""]
+    if scoring:
+        load = cfg["scoring"]
+        notes += [
+            f"The short-request load: {load['requests']} scoring completions (20-60 tokens, `max_tokens` 1, `echo`, "
+            f"`logprobs` 1, greedy), {load['concurrency']} at a time, as an evaluation harness sends them (after a "
+            "warm-up of as many). `x vllm`: wall time over vLLM's server's, the median of the per-round ratios "
+            "(lower is better); serving CPU: every process but the engine's, per request.",
+            "",
+            table(scoring, SCORING_COLUMNS),
+            "",
+        ]
     failed = [
-        f"- {r['peer']} / {r['backend']} / {r['concurrency']}: {r['status']}" for r in rows if r["status"] != "ok"
+        f"- {r['peer']} / {r['backend']} / {r['concurrency']}: {r['status']}"
+        for r in out["summary"]
+        if r["status"] != "ok"
     ]
     if failed:
         notes += ["Runs with failed requests (their figures are those of the requests that completed):", *failed, ""]
@@ -93,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", nargs="+", type=int, default=None, help=f"default: {CONCURRENCY}")
     parser.add_argument("--rounds", type=int, default=None, help="default: 2 (1 with --quick)")
     parser.add_argument("--output-len", type=int, default=None, help=f"default: {OUTPUT_LEN} (128 with --quick)")
+    parser.add_argument(
+        "--scoring-requests", type=int, default=None, help=f"the short-request load; 0: none (default: {REQUESTS})"
+    )
     args = parser.parse_args(argv)
     if "vllm" not in args.peers:
         parser.error("the ratios are to vllm: keep it among --peers")
@@ -103,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         tuple(args.concurrency or ((64,) if args.quick else CONCURRENCY)),
         args.rounds or (1 if args.quick else 2),
         args.output_len or (128 if args.quick else OUTPUT_LEN),
+        REQUESTS if args.scoring_requests is None else args.scoring_requests,
     )
     suffix = "-quick" if args.quick else ""
     RESULTS.mkdir(parents=True, exist_ok=True)

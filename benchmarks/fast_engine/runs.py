@@ -20,6 +20,9 @@ from ..serving.client import BACKENDS, WARMUPS, summarize
 from ..serving.peers import running
 from .cpu import ROLES, Sampler
 from .model import TINY, make_tiny_model
+from .scoring import CONCURRENCY as SCORING_CONCURRENCY
+from .scoring import REQUESTS as SCORING_REQUESTS
+from .scoring import prompts, score
 
 PEERS = ("app", "vllm", "vllm-all-cores")
 INPUT_LEN, OUTPUT_LEN = 128, 256
@@ -31,7 +34,10 @@ RATIOS = {  # this benchmark's ratios to vllm, per round: (row key, name)
     "ttft_p99_ms": "ttft_p99_vs_vllm",
     "itl_p99_ms": "itl_p99_vs_vllm",
     "serving_cpu_per_1k": "serving_cpu_vs_vllm",
+    "wall_s": "wall_vs_vllm",  # the scoring load's
 }
+SCORING = "scoring"
+"""The short-request load's rows' backend (``benchmarks.fast_engine.scoring``)."""
 FIGURES = (
     "output_tok_s",
     "ttft_p50_ms",
@@ -40,6 +46,10 @@ FIGURES = (
     "itl_p99_ms",
     "serving_cpu_per_1k",
     *(f"cpu_per_1k:{r}" for r in ROLES),
+    "wall_s",
+    "request_p50_ms",
+    "request_p99_ms",
+    "serving_cpu_ms_per_request",
 )
 
 
@@ -81,12 +91,27 @@ def measure_one(url: str, marker: str, backend: str, folder: Path, workdir: Path
     return status, metrics
 
 
+def measure_scoring(url: str, marker: str, texts: list[str]) -> tuple[str, dict[str, Any]]:
+    """The short-request load once (``benchmarks.fast_engine.scoring``), with the CPU the peer's serving layer
+    (every process but the engine) spent per request during it."""
+    with Sampler(marker) as sampler:
+        metrics = score(url, texts)
+        ended = time.monotonic()
+    cpu = sampler.spent_between(ended - metrics["wall_s"], ended)
+    serving = sum(s for name, s in cpu.items() if name != "engine")
+    metrics["serving_cpu_ms_per_request"] = 1000 * serving / metrics["completed"] if metrics["completed"] else math.nan
+    errors = metrics.pop("errors")
+    status = "ok" if metrics["failed"] == 0 else f"{metrics['failed']} failed: {'; '.join(errors)[:300]}"
+    return status, metrics
+
+
 def measure(
     peers: tuple[str, ...] = PEERS,
     backends: tuple[str, ...] = tuple(BACKENDS),
     concurrencies: tuple[int, ...] = CONCURRENCY,
     rounds: int = 2,
     output_len: int = OUTPUT_LEN,
+    scoring_requests: int = SCORING_REQUESTS,
 ) -> dict[str, Any]:
     """Every peer in every round (the order reversed in odd rounds), each started afresh on the tiny model; a dict
     with ``rows`` (one per round x peer x backend x concurrency), ``summary`` (medians over the rounds, and the
@@ -95,6 +120,8 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="fast-engine-") as tmp:
         folder = make_tiny_model(Path(tmp) / "tiny-llama")
         fleet = {"model": str(folder), "served_model_name": MODEL_NAME}  # the app on the tiny model, by the same name
+        texts = prompts(folder, scoring_requests) if scoring_requests else []
+        loads = [(b, c) for b in backends for c in concurrencies] + ([(SCORING, SCORING_CONCURRENCY)] if texts else [])
         for rnd in range(rounds):
             for peer in peers[::-1] if rnd % 2 else peers:
                 workdir = Path(tmp) / f"{peer}-{rnd}"
@@ -103,15 +130,17 @@ def measure(
                 done: set[tuple[str, int]] = set()
                 try:
                     with running(peer, folder, workdir, 900, fleet=fleet) as (url, startup_s, marker):
-                        for backend in backends:
-                            for c in concurrencies:
+                        for backend, c in loads:
+                            if backend == SCORING:
+                                status, metrics = measure_scoring(url, marker, texts)
+                            else:
                                 status, metrics = measure_one(url, marker, backend, folder, workdir, c, output_len)
-                                rows.append(row(peer, backend, c, rnd, status, startup_s=startup_s, **metrics))
-                                done.add((backend, c))
-                                print(f"[fast_engine] {peer} {backend} x{c}: {status}", file=sys.stderr, flush=True)
+                            rows.append(row(peer, backend, c, rnd, status, startup_s=startup_s, **metrics))
+                            done.add((backend, c))
+                            print(f"[fast_engine] {peer} {backend} x{c}: {status}", file=sys.stderr, flush=True)
                 except RuntimeError as exc:
                     print(f"[fast_engine] {peer} did not deploy: {exc}", file=sys.stderr, flush=True)
-                    missed = [(b, c) for b in backends for c in concurrencies if (b, c) not in done]
+                    missed = [load for load in loads if load not in done]
                     rows += [row(peer, b, c, rnd, f"did not deploy: {exc}") for b, c in missed]
     add_ratios(rows)
     return {
@@ -122,6 +151,7 @@ def measure(
             "output_len": output_len,
             "prompts_per_slot": PROMPTS_PER_SLOT,
             "concurrency": list(concurrencies),
+            "scoring": {"requests": len(texts), "concurrency": SCORING_CONCURRENCY} if texts else None,
             "cores": os.cpu_count(),
             "rounds": rounds,
             "peers": list(peers),

@@ -14,7 +14,8 @@ import pytest
 from benchmarks.fast_engine.cli import page
 from benchmarks.fast_engine.cpu import ROLES, Sampler, role, snapshot, spent
 from benchmarks.fast_engine.model import TINY, make_tiny_model
-from benchmarks.fast_engine.runs import add_ratios, row, summary
+from benchmarks.fast_engine.runs import SCORING, add_ratios, row, summary
+from benchmarks.fast_engine.scoring import PROMPT_TOKENS, body, prompts
 from serve_app.engines.procs import CLOCK_TICKS
 
 
@@ -131,6 +132,46 @@ def test_rounds_give_medians_and_per_round_ratios_to_vllm():
     assert "| app | openai | 256 | 2 | 3 | 1,750 | 2.50 |" in text
     assert "- app / openai / 256: 3 failed: boom" in text
     assert "- vllm-all-cores / openai / 256: did not deploy: boom" in text
+
+
+def test_the_scoring_load_gets_its_own_table_with_wall_time_ratios_to_vllm():
+    def run(peer, rnd, wall):
+        metrics = {"wall_s": wall, "request_p50_ms": 200.0, "request_p99_ms": 300.0, "serving_cpu_ms_per_request": 9.0}
+        return row(peer, SCORING, 8, rnd, "ok", completed=200, failed=0, **metrics)
+
+    rows = [run("vllm", 0, 5.0), run("app", 0, 7.5), run("app", 1, 5.5), run("vllm", 1, 5.0)]
+    rows.append(row("vllm", "openai", 64, 0, "ok", completed=128, failed=0, output_tok_s=1000.0))
+    add_ratios(rows)
+    app = next(s for s in summary(rows) if s["peer"] == "app")
+    assert app["wall_vs_vllm"] == 1.3 and app["wall_vs_vllm_range"] == (1.1, 1.5)
+    assert math.isnan(rows[-1]["wall_vs_vllm"])  # a streaming row has no wall time to compare
+    cfg = config() | {"scoring": {"requests": 200, "concurrency": 8}}
+    text = page({"config": cfg, "summary": summary(rows)}, 1.0)
+    assert "| app | 8 | 2 | 0 | 6.50 | 1.30 | 200.0 | 300.0 | 9.00 |" in text
+    assert "| vllm | openai | 64 |" in text and "| app | scoring |" not in text  # not among the streaming rows
+
+
+def test_scoring_prompts_are_seeded_and_of_the_load_s_lengths():
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from serve_app.models import prepare
+
+    folder = prepare()
+    texts = prompts(folder, 20, seed=1)
+    assert texts == prompts(folder, 20, seed=1) and texts != prompts(folder, 20, seed=2)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    lengths = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    low, high = PROMPT_TOKENS
+    assert all(low // 2 <= n <= 2 * high for n in lengths), lengths  # decoded text re-tokenizes about as long
+    assert body(texts[0]) | {"prompt": ""} == {
+        "model": "SmolLM2-135M-Instruct",
+        "prompt": "",
+        "max_tokens": 1,
+        "echo": True,
+        "logprobs": 1,
+        "temperature": 0,
+    }
 
 
 def config() -> dict:
