@@ -113,10 +113,9 @@ def written_tables(output: str, fmt: str) -> Iterator[Any]:
     import pyarrow.parquet as pq
 
     for path in sorted(Path(output).glob("*.parquet" if fmt == "parquet" else "*.json*")):
-        size = path.stat().st_size
         if fmt == "parquet":
             yield pq.read_table(path).to_pandas()
-        elif size:  # a whole file in one block: a line may not straddle two (JSON's reader refuses that)
+        elif size := path.stat().st_size:  # a whole file in one block: a line may not straddle two (JSON's reader)
             yield pjson.read_json(path, read_options=pjson.ReadOptions(block_size=max(size, 1 << 20))).to_pandas()
 
 

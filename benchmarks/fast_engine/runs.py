@@ -85,10 +85,8 @@ def measure_one(url: str, marker: str, backend: str, folder: Path, workdir: Path
     tokens = raw.get("total_output_tokens") or 0
     for name, seconds in cpu.items():
         metrics[f"cpu_per_1k:{name}"] = 1000 * seconds / tokens if tokens else math.nan
-    serving = sum(s for name, s in cpu.items() if name != "engine")
-    metrics["serving_cpu_per_1k"] = 1000 * serving / tokens if tokens else math.nan
-    status = "ok" if metrics["failed"] == 0 else f"{metrics['failed']} failed: {'; '.join(metrics['errors'])[:300]}"
-    return status, metrics
+    metrics["serving_cpu_per_1k"] = 1000 * serving_cpu(cpu) / tokens if tokens else math.nan
+    return run_status(metrics["failed"], metrics["errors"]), metrics
 
 
 def measure_scoring(url: str, marker: str, texts: list[str]) -> tuple[str, dict[str, Any]]:
@@ -97,12 +95,19 @@ def measure_scoring(url: str, marker: str, texts: list[str]) -> tuple[str, dict[
     with Sampler(marker) as sampler:
         metrics = score(url, texts)
         ended = time.monotonic()
-    cpu = sampler.spent_between(ended - metrics["wall_s"], ended)
-    serving = sum(s for name, s in cpu.items() if name != "engine")
+    serving = serving_cpu(sampler.spent_between(ended - metrics["wall_s"], ended))
     metrics["serving_cpu_ms_per_request"] = 1000 * serving / metrics["completed"] if metrics["completed"] else math.nan
-    errors = metrics.pop("errors")
-    status = "ok" if metrics["failed"] == 0 else f"{metrics['failed']} failed: {'; '.join(errors)[:300]}"
-    return status, metrics
+    return run_status(metrics["failed"], metrics.pop("errors")), metrics
+
+
+def serving_cpu(cpu: dict[str, float]) -> float:
+    """The serving layer's CPU seconds: every role's but the engine's."""
+    return sum(seconds for name, seconds in cpu.items() if name != "engine")
+
+
+def run_status(failed: int, errors: list[str]) -> str:
+    """A run's status: ``ok``, or how many requests failed and the first errors."""
+    return "ok" if failed == 0 else f"{failed} failed: {'; '.join(errors)[:300]}"
 
 
 def measure(

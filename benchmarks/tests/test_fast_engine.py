@@ -14,7 +14,7 @@ import pytest
 from benchmarks.fast_engine.cli import page
 from benchmarks.fast_engine.cpu import ROLES, Sampler, role, snapshot, spent
 from benchmarks.fast_engine.model import TINY, make_tiny_model
-from benchmarks.fast_engine.runs import SCORING, add_ratios, row, summary
+from benchmarks.fast_engine.runs import SCORING, add_ratios, row, run_status, serving_cpu, summary
 from benchmarks.fast_engine.scoring import PROMPT_TOKENS, body, prompts
 from serve_app.engines.procs import CLOCK_TICKS
 
@@ -172,6 +172,13 @@ def test_scoring_prompts_are_seeded_and_of_the_load_s_lengths():
         "logprobs": 1,
         "temperature": 0,
     }
+
+
+def test_a_run_s_status_and_its_serving_cpu():
+    assert run_status(0, []) == "ok"
+    assert run_status(2, ["boom", "bang"]) == "2 failed: boom; bang"
+    assert len(run_status(1, ["x" * 1000])) == len("1 failed: ") + 300  # the errors cut to 300 characters
+    assert serving_cpu({"engine": 5.0, "replica": 1.0, "proxy": 0.5, "other": 0.25}) == 1.75  # all but the engine
 
 
 def config() -> dict:
