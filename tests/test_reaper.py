@@ -67,7 +67,7 @@ def test_a_worker_killed_outright_leaves_no_engine(ignores_sigterm):
     worker, pids = start_worker(ignores_sigterm)
     engine, reaper = read_proc(pids["engine"]), read_proc(pids["reaper"])
     assert engine and reaper and engine.pgid == reaper.pgid == worker.pid  # all in the worker's group
-    assert alive([engine, reaper]) == [engine, reaper]  # nothing touched while it lives
+    assert [p.pid for p in alive([engine, reaper])] == [engine.pid, reaper.pid]  # nothing touched while it lives
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
     took = wait_gone([engine, reaper], GRACE_S + 20)
