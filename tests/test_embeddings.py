@@ -276,7 +276,7 @@ async def test_openai_client_embeddings_equal_sentence_transformers_in_order(ser
         ({"input": "hi", "model": "gpt-nope"}, 404, "model", "does not exist"),
         ({"input": "hi", "dimensions": 64}, 400, "dimensions", "384"),
         ({"input": "hi", "encoding_format": "int8"}, 422, "encoding_format", "float"),
-        ({"input": "hi", "unknown_field": 1}, 422, "unknown_field", "Extra inputs"),
+        ({"input": "hi", "embed_dtype": "float16"}, 400, "embed_dtype", "vLLM extension is not supported"),
         ({"input": 42}, 422, "input", "valid"),
         ({}, 422, "input", "Field required"),
     ],

@@ -4,8 +4,8 @@ response body and stream chunks."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage, ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import Choice as ChatChoice
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
 from .common import OpenAIRequest, clamp_logprob, new_id, usage
 from .completions import finish_reason
+from .fields import GENERATION_EXTENSIONS, OpenAIModel
 from .types import Refusal, Text
 
 
@@ -31,10 +32,8 @@ class ContentPart(BaseModel):
     text: Text | None = None
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(OpenAIModel):
     """A chat message; ``content`` as a string or a list of parts (OpenAI's two forms)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[ContentPart] | None = None
@@ -67,6 +66,18 @@ def message_refusals(messages: Sequence[ChatMessage]) -> list[Refusal]:
 class ChatCompletionRequest(OpenAIRequest):
     """OpenAI ``POST /v1/chat/completions``; ``max_completion_tokens`` is ``max_tokens`` under its newer name."""
 
+    VLLM_EXTENSIONS: ClassVar[Mapping[str, Any]] = {
+        **GENERATION_EXTENSIONS,
+        "add_special_tokens": False,
+        "chat_template": None,
+        "documents": None,
+        "echo": False,
+        "include_reasoning": True,
+        "media_io_kwargs": None,
+        "mm_processor_kwargs": None,
+        "return_prompt_text": None,
+    }
+
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
@@ -86,6 +97,9 @@ class ChatCompletionRequest(OpenAIRequest):
     web_search_options: dict[str, Any] | None = None
     verbosity: Text | None = None
     prompt_cache_key: Text | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: Text | None = None
+    moderation: dict[str, Any] | None = None
     safety_identifier: Text | None = None
     # vLLM's chat extensions
     add_generation_prompt: bool = True
@@ -112,6 +126,8 @@ class ChatCompletionRequest(OpenAIRequest):
             out.append(("prediction", "predicted outputs are not supported"))
         if self.web_search_options:
             out.append(("web_search_options", "web search is not supported"))
+        if self.moderation:
+            out.append(("moderation", "moderation is not supported by this server"))
         if not self.add_generation_prompt or self.continue_final_message or self.chat_template_kwargs:
             out.append(("chat_template_kwargs", "only the default chat template call is supported"))
         return out + message_refusals(self.messages)

@@ -15,6 +15,7 @@ from openai.types import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from ..engines import GenerationResult, StructuredOutputs
+from .fields import OpenAIModel
 from .structured import ResponseFormat, StructuredOutputsFields
 from .types import Priority, Refusal, Text, TokenId
 
@@ -138,16 +139,17 @@ class OriginFields(BaseModel):
         return Origin(priority=priority, tenant=tenant)
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class StreamOptions(OpenAIModel):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
     continuous_usage_stats: bool | None = None  # vLLM's
 
 
-class OpenAIRequest(SamplingFields, OriginFields):
-    """Fields both OpenAI generation endpoints share."""
+class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
+    """Fields both OpenAI generation endpoints share; a field neither OpenAI nor vLLM defines is ignored
+    (:class:`~serve_app.openai.fields.OpenAIModel`), unlike ``/generate``'s."""
+
+    model_config = ConfigDict(extra="ignore")
 
     model: Text | None = None
     n: int = Field(1, ge=1, le=16)
@@ -163,7 +165,7 @@ class OpenAIRequest(SamplingFields, OriginFields):
     )
 
     def refusals(self) -> list[Refusal]:
-        out = super().refusals()
+        out = super().refusals() + self.extension_refusals()
         if self.response_format is not None and self.response_format.type == "structural_tag":
             out.append(("response_format", "type 'structural_tag' is not supported; use json_schema"))
         elif self.response_format is not None and self.response_format.type != "text" and self.structured_outputs:

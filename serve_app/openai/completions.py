@@ -4,7 +4,8 @@ body and stream chunks."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from openai.types import Completion, CompletionChoice
 from openai.types.completion_choice import Logprobs
@@ -12,11 +13,18 @@ from pydantic import Field
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
 from .common import OpenAIRequest, clamp_logprob, new_id, usage
+from .fields import GENERATION_EXTENSIONS
 from .types import Refusal, Text, TokenId
 
 
 class CompletionRequest(OpenAIRequest):
     """OpenAI ``POST /v1/completions``."""
+
+    VLLM_EXTENSIONS: ClassVar[Mapping[str, Any]] = {
+        **GENERATION_EXTENSIONS,
+        "add_special_tokens": True,
+        "prompt_embeds": None,
+    }
 
     prompt: Text | list[Text] | list[TokenId] | list[list[TokenId]]
     max_tokens: int | None = Field(None, ge=0, description="new tokens per prompt; 0 only with echo (vLLM's)")

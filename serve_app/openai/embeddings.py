@@ -6,18 +6,29 @@ from __future__ import annotations
 
 import base64
 import struct
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from .fields import OpenAIModel
 from .types import Refusal, Text, TokenId
 
 
-class EmbeddingRequestBody(BaseModel):
-    """OpenAI's embeddings request, plus vLLM's ``truncate_prompt_tokens``. Unknown fields get a 422."""
+class EmbeddingRequestBody(OpenAIModel):
+    """OpenAI's embeddings request, plus vLLM's ``truncate_prompt_tokens`` (and ``request_id``, accepted)."""
 
-    model_config = ConfigDict(extra="forbid")
+    VLLM_EXTENSIONS: ClassVar[Mapping[str, Any]] = {
+        "add_special_tokens": True,
+        "cache_salt": None,
+        "embed_dtype": "float32",
+        "endianness": "native",
+        "mm_processor_kwargs": None,
+        "padding": None,
+        "priority": 0,
+        "truncation_side": None,
+        "use_activation": None,
+    }
 
     input: Text | list[Text] | list[TokenId] | list[list[TokenId]]
     model: str | None = None
@@ -27,6 +38,7 @@ class EmbeddingRequestBody(BaseModel):
     truncate_prompt_tokens: int | None = Field(
         None, ge=-1, description="vLLM's extension: keep the first N tokens of a longer input (-1: the model's max)"
     )
+    request_id: Text | None = None
 
     def inputs(self) -> list[str | list[int]]:
         """The inputs as a list: texts, or token-id lists."""
@@ -39,10 +51,11 @@ class EmbeddingRequestBody(BaseModel):
 
     def refusals(self, dimensions: int) -> list[Refusal]:
         """What cannot be honoured by a model whose vectors have ``dimensions`` dimensions."""
+        out = self.extension_refusals()
         if self.dimensions is not None and self.dimensions != dimensions:
             why = f"this model gives {dimensions}-dimensional vectors and cannot shorten them (not a Matryoshka model)"
-            return [("dimensions", why)]
-        return []
+            out.append(("dimensions", why))
+        return out
 
 
 def encode_vector(vector: list[float], fmt: str) -> list[float] | str:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engines import StructuredOutputs
+from .fields import OpenAIModel
 from .types import Text
 
 
@@ -58,10 +59,10 @@ CONSTRAINTS = {
 """A constraint's name in the body, and its attribute."""
 
 
-class JsonSchemaFormat(BaseModel):
+class JsonSchemaFormat(OpenAIModel):
     """OpenAI's ``response_format.json_schema``: a named schema (``strict`` is how vLLM always decodes it)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     name: Text = Field(..., max_length=64)
     description: Text | None = None
@@ -69,10 +70,9 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
-    """OpenAI's ``response_format``: free ``text``, any JSON object, or JSON matching ``json_schema``."""
-
-    model_config = ConfigDict(extra="allow")  # a structural tag's own fields, refused with it (not a 422)
+class ResponseFormat(OpenAIModel):
+    """OpenAI's ``response_format``: free ``text``, any JSON object, or JSON matching ``json_schema`` (a structural
+    tag's own fields are ignored with the rest: the tag is refused)."""
 
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
@@ -81,8 +81,6 @@ class ResponseFormat(BaseModel):
     def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("type 'json_schema' needs the 'json_schema' field")
-        if self.type != "structural_tag" and self.model_extra:
-            raise ValueError(f"unknown fields for type '{self.type}': {', '.join(sorted(self.model_extra))}")
         return self
 
     def constraint(self) -> StructuredOutputs | None:

@@ -4,17 +4,27 @@ ids back to text; what of them this server refuses."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, Field, model_validator
 
 from .chat import ChatMessage, message_refusals
+from .fields import OpenAIModel
 from .types import Refusal, Text, TokenId
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(OpenAIModel):
     """vLLM's ``/tokenize`` body: a ``prompt`` (completions' tokenizing, special tokens added) or ``messages``
     (chat's: the template and the assistant's generation prompt, no special tokens added)."""
 
-    model_config = ConfigDict(extra="forbid")
+    VLLM_EXTENSIONS: ClassVar[Mapping[str, Any]] = {
+        "chat_template": None,
+        "chat_template_kwargs": None,
+        "media_io_kwargs": None,
+        "mm_processor_kwargs": None,
+        "tools": None,
+    }
 
     model: Text | None = None
     prompt: Text | None = None
@@ -32,7 +42,7 @@ class TokenizeRequest(BaseModel):
 
     def refusals(self) -> list[Refusal]:
         """What differs from how the generation routes tokenize (the only way this server tokenizes)."""
-        out = []
+        out = self.extension_refusals()
         chat = self.messages is not None
         if self.add_special_tokens is not None and self.add_special_tokens == chat:
             way = "not added to chat messages" if chat else "added to a prompt"
@@ -51,10 +61,8 @@ class TokenizeResponse(BaseModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(OpenAIModel):
     """vLLM's ``/detokenize`` body: token ids (each within the model's vocabulary)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: Text | None = None
     tokens: list[TokenId] = Field(..., min_length=1)

@@ -37,6 +37,7 @@ from ..config import AppConfig
 from ..core import Generator, parse
 from ..core.generator import succeeded
 from ..engines import GenerationDelta, GenerationRequest, GenerationResult
+from ..errors import RequestError
 from ..openai.chat import ChatCompletionRequest, ChatFormat
 from ..openai.common import KeyTenant, OpenAIRequest, Origin, SamplingFields, sse
 from ..openai.completions import CompletionFormat, CompletionRequest
@@ -85,9 +86,12 @@ class LLMServer(Replica):
         return await requests.prompts([prompt], sampling_options, origin=origin(priority, tenant))
 
     async def _chat(self, messages: Any, fields: dict[str, Any]) -> tuple[list[GenerationRequest], bool]:
-        """The conversation's request, and whether its token ids were asked for (``return_token_ids``)."""
+        """The conversation's request, and whether its token ids were asked for (``return_token_ids``). A keyword
+        the body does not know is refused here (over HTTP it would be ignored): in Python it is a typo."""
         if "tenant" in fields:
             fields = {"user": fields.pop("tenant"), **fields}
+        if unknown := sorted(fields.keys() - ChatCompletionRequest.known_fields()):
+            raise RequestError(f"unknown keyword argument(s): {', '.join(unknown)}", param=unknown[0])
         body = parse(ChatCompletionRequest, {**fields, "messages": messages, "stream": False})
         return (await self.core.requests.chat_completion(body))[:1], bool(body.return_token_ids)
 
