@@ -85,7 +85,7 @@ def test_unknown_fields_are_ignored_and_logged_once_per_field(caplog: pytest.Log
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "cache_salt": "s"}, ["cache_salt"]),
         (EmbeddingRequestBody, {"input": "hi", "priority": 0, "endianness": "native"}, []),
         (EmbeddingRequestBody, {"input": "hi", "priority": 3}, ["priority"]),
-        (TokenizeRequest, {"prompt": "hi", "tools": [{"type": "function"}]}, ["tools"]),
+        (TokenizeRequest, {"prompt": "hi", "chat_template": "{{ messages }}"}, ["chat_template"]),
     ],
 )
 def test_vllms_extensions_this_server_lacks_are_refused_unless_at_vllms_default(model, body, refused) -> None:

@@ -17,6 +17,17 @@ pytestmark = pytest.mark.serve
 MODEL = "SmolLM2-135M-Instruct"
 
 
+F_CALL = {"name": "f", "arguments": "{}"}
+F_TOOL = {"function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+"""A tool as a client gives it (``type`` left to its default)."""
+TOOL_HISTORY = [
+    {"role": "user", "content": "call f"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": F_CALL}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "f says 3"},
+]
+"""A conversation with a tool call and the tool's answer in it."""
+
+
 @pytest.fixture(scope="module")
 def app(serve_instance, deploy_app):
     handle = deploy_app("stream", simulated={"step_s": 0.002}, sampling={"max_tokens": 8})
@@ -160,7 +171,20 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, 422, "response_format"),
         ("/v1/completions", {"structured_outputs": {"regex": "a", "choice": ["b"]}}, 422, "structured_outputs"),
         ("/v1/completions", {"structured_outputs": {"disable_any_whitespace": True}}, 422, "structured_outputs"),
-        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+        # tools: shown to the model; auto needs a tool parser, a forced call structured output (vLLM's engine has both)
+        ("/v1/chat/completions", {"tools": [{"type": "function", **F_TOOL}]}, 400, "tool_choice"),
+        ("/v1/chat/completions", {"tools": [F_TOOL], "tool_choice": "required"}, 400, "tool_choice"),
+        ("/v1/chat/completions", {"tools": [F_TOOL], "tool_choice": "none"}, 200, None),
+        ("/v1/chat/completions", {"tool_choice": "required"}, 400, "tool_choice"),
+        ("/v1/chat/completions", {"messages": TOOL_HISTORY}, 200, None),
+        (
+            "/v1/chat/completions",
+            {"tools": [F_TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            400,
+            "tool_choice",
+        ),
+        ("/v1/chat/completions", {"tools": [{"type": "retrieval"}]}, 422, "tools"),
+        ("/v1/chat/completions", {"functions": [{"name": "f"}]}, 400, "functions"),
         ("/v1/chat/completions", {"model": "gpt-9"}, 404, "model"),
         # malformed or unknown
         ("/v1/completions", {"n": 0}, 422, "n"),

@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ..models import BUNDLED
 
@@ -18,6 +19,22 @@ AutoOrPositive = Literal["auto"] | Annotated[int, Field(ge=1)]
 
 AutoOrCount = Literal["auto"] | Annotated[int, Field(ge=0)]
 """A count the app works out itself (``auto``) or an integer >= 0."""
+
+
+PROJECT = Path(__file__).resolve().parents[2]
+"""The project's folder (where serve_config.yaml is): what a relative path in the configuration starts from."""
+
+
+def _project_file(value: str) -> str:
+    path = (PROJECT / Path(value).expanduser()).resolve()
+    if not path.is_file():
+        raise ValueError(f"no such file: {path}")
+    return str(path)
+
+
+ProjectFile = Annotated[str, AfterValidator(_project_file)]
+"""A file that exists, as an absolute path; a relative one is taken from the project's folder (:data:`PROJECT`),
+wherever Serve builds the app or starts a replica."""
 
 API_KEY_ENV = "SERVE_APP_API_KEY"
 """The environment variable holding the API key when ``api_key`` is not in the config (as vLLM's

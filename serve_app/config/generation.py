@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..models import BUNDLED_NAME
 from .batcher import BatcherSettings, ContinuousSettings
-from .common import AutoOrCount, AutoOrPositive, DeploymentConfig, Strict
+from .common import AutoOrCount, AutoOrPositive, DeploymentConfig, ProjectFile, Strict
 
 
 class SamplingDefaults(Strict):
@@ -83,6 +83,18 @@ class VLLMSettings(Strict):
         "priority",
         description="vLLM's scheduler: `priority` runs each request by its priority (lower first) and preempts lower "
         "priorities when the KV cache runs short, as the batcher admits them; `fcfs`: in arrival order",
+    )
+    chat_template: ProjectFile | None = Field(
+        None,
+        description="a Jinja chat template file for chat requests in place of the model's own (`vllm serve "
+        "--chat-template`), e.g. one that shows the model its tools (`serve_app/templates/chatml_tools.jinja` for "
+        "the bundled model); a relative path is taken from the project's folder",
+    )
+    tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's parser of the model's own tool-call format (`vllm serve --tool-call-parser`, e.g. "
+        "`hermes`): chat requests with tools and `tool_choice: auto` (OpenAI's default) need it; `required` and a "
+        "named function do not (structured output)",
     )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="anything else for `vllm.AsyncEngineArgs` (e.g. tensor_parallel_size)"

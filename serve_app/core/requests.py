@@ -8,15 +8,18 @@ HTTP request is answered)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from ..config import AppConfig
-from ..engines import Engine, GenerationRequest, SamplingOptions
+from ..engines import Engine, GenerationRequest, SamplingOptions, StructuredOutputs
 from ..errors import ModelNotFoundError, RequestError, validation_error
+from ..openai import tools
 from ..openai.chat import ChatCompletionRequest
 from ..openai.common import Origin, SamplingFields
 from ..openai.completions import CompletionRequest
@@ -71,7 +74,8 @@ class RequestBuilder:
             self._check_text(body.prompt, "prompt")
             (ids,) = await self.engine.encode([body.prompt])
             return ids
-        ids, _ = await self._encode_chat([{"role": m.role, "content": m.text()} for m in body.messages or ()])
+        shown = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        ids, _ = await self._encode_chat([m.template_input() for m in body.messages or ()], shown)
         return ids  # not checked against the model's context: a client counts to learn whether it fits
 
     async def detokenize(self, body: DetokenizeRequest) -> str:
@@ -192,20 +196,27 @@ class RequestBuilder:
         return rows  # type: ignore[return-value]
 
     async def chat(
-        self, messages: Sequence[dict[str, str]], sampling: SamplingOptions, n: int = 1, origin: Origin = INTERACTIVE
+        self,
+        messages: Sequence[dict[str, Any]],
+        sampling: SamplingOptions,
+        n: int = 1,
+        origin: Origin = INTERACTIVE,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> list[GenerationRequest]:
         """``n`` engine requests for a conversation (``{"role", "content"}`` dicts, content as text), with the
-        model's chat template applied."""
+        model's chat template applied (showing the model ``tools``, where given): the prompt counts them too."""
         if not messages:
             raise RequestError("messages must not be empty", param="messages")
-        token_ids, text = await self._encode_chat(messages)
+        token_ids, text = await self._encode_chat(messages, tools)
         return [self._request(token_ids, text, sampling, "messages", origin) for _ in range(n)]
 
-    async def _encode_chat(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], str]:
+    async def _encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> tuple[list[int], str]:
         """Each message's text checked, then the conversation through the model's chat template."""
         for index, message in enumerate(messages):
             self._check_text(message.get("content", ""), f"messages[{index}].content")
-        return await self.engine.encode_chat(messages)
+        return await self.engine.encode_chat(messages, tools)
 
     # -- OpenAI bodies ------------------------------------------------------------------------------------
 
@@ -219,8 +230,24 @@ class RequestBuilder:
         return requests
 
     async def chat_completion(self, body: ChatCompletionRequest) -> list[GenerationRequest]:
-        """A chat completions body's ``n`` requests."""
-        return await self.chat(body.conversation(), self.check(body, body.model), body.n, body.origin)
+        """A chat completions body's ``n`` requests; a forced tool call (``tool_choice`` ``required`` or a named
+        function) is structured output, as vLLM's server makes it, and ``auto`` needs the engine's parser."""
+        sampling = self.check(body, body.model)
+        how = body.tool_mode
+        if how == "auto" and not self.engine.reads_tool_calls:
+            why = "tool_choice 'auto' (the default with tools) needs the app's vllm.tool_call_parser setting"
+            raise RequestError(f"{why}; 'none', 'required' or a named function do not", param="tool_choice")
+        if how in ("required", "named"):
+            if not self.engine.structures_outputs:
+                why = f"tool_choice {how!r} is structured output, which the {self.engine.name} engine cannot do"
+                raise RequestError(why, param="tool_choice")
+            schema = tools.output_schema(body.tools or [], body.tool_choice, body.parallel_tool_calls)
+            sampling = replace(sampling, structured_outputs=StructuredOutputs(json=json.dumps(schema)))
+            try:
+                self.engine.check_sampling(sampling)
+            except RequestError as exc:  # the schema is the tools' parameters: the refusal names them
+                raise RequestError(str(exc).replace("structured_outputs", "tools", 1), param="tools") from None
+        return await self.chat(body.conversation(), sampling, body.n, body.origin, body.tool_dicts())
 
     def _request(
         self, token_ids: list[int], text: str, sampling: SamplingOptions, what: str, origin: Origin

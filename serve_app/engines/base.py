@@ -8,7 +8,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -184,6 +184,8 @@ class Engine(abc.ABC):
     """Whether it computes log probabilities (``SamplingOptions.logprobs``); a request for them is refused if not."""
     structures_outputs: bool = False
     """Whether it constrains outputs (``SamplingOptions.structured_outputs``); a request for it is refused if not."""
+    reads_tool_calls: bool = False
+    """Whether it reads the model's own tool calls from an output (:meth:`tool_call_reader`: ``tool_choice: auto``)."""
     max_model_len: int
 
     def check_sampling(self, sampling: SamplingOptions) -> None:
@@ -204,8 +206,16 @@ class Engine(abc.ABC):
         hundreds of long prompts)."""
 
     @abc.abstractmethod
-    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
-        """Token ids (and text) of chat messages with the model's chat template and generation prompt."""
+    async def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> tuple[list[int], str]:
+        """Token ids (and text) of chat messages with the model's chat template and generation prompt; ``tools``:
+        OpenAI's tool definitions, for the template to show the model."""
+
+    def tool_call_reader(self, tools: Sequence[dict[str, Any]]) -> Callable[[str], Any] | None:
+        """A reader of the model's own tool calls in an output (:data:`serve_app.openai.tools.Parse`), where the
+        engine has one (:attr:`reads_tool_calls`)."""
+        return None
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         """Text of token ids (prompts given as ids, echoed back); engines with a tokenizer override it."""

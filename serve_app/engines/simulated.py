@@ -14,6 +14,7 @@ Tokenization is simulated too: one token per 4 characters. Replies echo the prom
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -79,8 +80,12 @@ class SimulatedEngine(Engine):
     async def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.tokens(text) for text in texts]
 
-    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
-        text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages) + "<|assistant|>"
+    async def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> tuple[list[int], str]:
+        shown = f"<|tools|>{json.dumps(list(tools))}\n" if tools else ""
+        calls = (f"<|calls|>{json.dumps(m['tool_calls'])}" if m.get("tool_calls") else "" for m in messages)
+        text = shown + "".join(f"<|{m['role']}|>{m['content']}{c}\n" for m, c in zip(messages, calls)) + "<|assistant|>"
         return self.tokens(text), text
 
     async def decode(self, token_ids: Sequence[int]) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from ..config import VLLMSettings
@@ -62,6 +63,18 @@ def vllm_refusals(what: str | None = None) -> Iterator[None]:
         raise RequestError(f"{what}: {message}" if what else message, param=param) from None
 
 
+def tool_parser_class(name: str) -> Any:
+    """vLLM's tool parser of this name (``vllm serve --tool-call-parser``); a ``ValueError`` listing vLLM's own
+    names for one it does not have."""
+    from vllm.tool_parsers import ToolParserManager
+
+    try:
+        return ToolParserManager.get_tool_parser(name)
+    except KeyError:
+        names = ", ".join(sorted(ToolParserManager.list_registered()))
+        raise ValueError(f"vllm.tool_call_parser: {name!r} is not one of vLLM's tool parsers ({names})") from None
+
+
 def paced_step_tokens(step_tokens: int) -> int:
     """Lower priorities' tokens a step on a CPU while interactive requests are about: a share of vLLM's step."""
     return max(1, step_tokens // PACED_STEP_SHARE)
@@ -81,6 +94,9 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         args = {"scheduling_policy": settings.scheduling_policy, **settings.engine_args}
         self._priorities = args["scheduling_policy"] == "priority"  # vLLM refuses a request's priority under fcfs
         self.max_model_len = settings.max_model_len
+        self._chat_template = Path(settings.chat_template).read_text() if settings.chat_template else None
+        self._tool_parser = tool_parser_class(settings.tool_call_parser) if settings.tool_call_parser else None
+        self.reads_tool_calls = self._tool_parser is not None
         self._llm = start_async_llm(model, settings, on_gpu, args)
         self._dead: BaseException | None = None
         self._counts = {"requests": 0, "aborts": 0}
@@ -92,16 +108,40 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         """Token ids of plain prompts, as vLLM's completions route tokenizes them (with the BOS it adds)."""
         return await tokenize_texts(self._llm, texts)
 
-    async def encode_chat(self, messages: Sequence[dict[str, Any]]) -> tuple[list[int], str]:
-        """The model's chat template with the assistant's generation prompt, rendered and tokenized as vLLM's chat
-        route does it."""
+    async def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> tuple[list[int], str]:
+        """The chat template (the model's, or the ``chat_template`` setting's) with the assistant's generation
+        prompt and the tools, rendered and tokenized as vLLM's chat route does it."""
         from vllm.renderers.params import ChatParams
 
-        params = ChatParams(chat_template_kwargs={"add_generation_prompt": True, "continue_final_message": False})
+        kwargs: dict[str, Any] = {"add_generation_prompt": True, "continue_final_message": False}
+        if tools:
+            kwargs["tools"] = list(tools)
+        params = ChatParams(chat_template=self._chat_template, chat_template_kwargs=kwargs)
         _, prompt = await self._llm.renderer.render_messages_async(list(messages), params)
         if "prompt_token_ids" not in prompt:
             (prompt,) = await self._tokenize([prompt], add_special_tokens=False, needs_detokenization=True)
         return list(prompt["prompt_token_ids"]), prompt.get("prompt", "")
+
+    def tool_call_reader(self, tools: Sequence[dict[str, Any]]) -> Callable[[str], Any] | None:
+        """vLLM's tool parser (the ``tool_call_parser`` setting) over one request's tools: an output's content and
+        its calls as ``(name, arguments)``."""
+        if self._tool_parser is None:
+            return None
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        request = ChatCompletionRequest.model_validate(
+            {"messages": [{"role": "user", "content": ""}], "tools": list(tools), "tool_choice": "auto"}
+        )
+        parser = self._tool_parser(self._llm.get_tokenizer(), request.tools)
+
+        def read(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+            found = parser.extract_tool_calls(text, request)
+            calls = [(call.function.name, call.function.arguments) for call in found.tool_calls]
+            return (found.content, calls) if found.tools_called else (text, [])
+
+        return read
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         from vllm.inputs import TokensPrompt

@@ -11,15 +11,17 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletio
 from openai.types.chat.chat_completion import Choice as ChatChoice
 from openai.types.chat.chat_completion import ChoiceLogprobs
 from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
-from openai.types.chat.chat_completion_chunk import ChoiceDelta
+from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall
 from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
 from openai.types.chat.chat_completion_token_logprob import TopLogprob
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
+from . import tools
 from .common import OpenAIRequest, clamp_logprob, new_id, usage
 from .completions import finish_reason
 from .fields import GENERATION_EXTENSIONS, OpenAIModel
+from .tools import ChatTool, MessageToolCall, ToolCalls, ToolChoice
 from .types import Refusal, Text
 
 
@@ -38,7 +40,7 @@ class ChatMessage(OpenAIModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[MessageToolCall] | None = None
     tool_call_id: Text | None = None
     refusal: Text | None = None
 
@@ -50,16 +52,25 @@ class ChatMessage(OpenAIModel):
             return self.content
         return "".join(part.text or "" for part in self.content)
 
+    def template_input(self) -> dict[str, Any]:
+        """The message as the chat template takes it: text content, and its tool calls or the call it answers."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
 
 def message_refusals(messages: Sequence[ChatMessage]) -> list[Refusal]:
-    """What in chat messages a text-only model cannot take: a content part other than text, tool calls."""
+    """What in chat messages a text-only model cannot take: a content part other than text."""
     out = []
     for i, message in enumerate(messages):
         for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
             if part.type != "text" or part.text is None:
                 out.append((f"messages[{i}].content[{j}]", f"content part type '{part.type}' is not supported"))
-        if message.tool_calls:
-            out.append((f"messages[{i}].tool_calls", "tool calling is not supported by this server"))
     return out
 
 
@@ -82,8 +93,8 @@ class ChatCompletionRequest(OpenAIRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: Literal["none", "auto"] | dict[str, Any] | None = None
@@ -116,10 +127,13 @@ class ChatCompletionRequest(OpenAIRequest):
         out = super().refusals()
         if self.top_logprobs and not self.logprobs:
             out.append(("top_logprobs", "top_logprobs needs logprobs: true"))
-        if self.tools or self.functions:
-            out.append(("tools" if self.tools else "functions", "tool calling is not supported by this server"))
-        if self.tool_choice not in (None, "none", "auto") or self.function_call not in (None, "none", "auto"):
-            out.append(("tool_choice", "tool calling is not supported by this server"))
+        out += tools.refusals(self.tools, self.tool_choice)
+        formatted = self.response_format is not None and self.response_format.type != "text"
+        if self.tool_mode in ("required", "named") and (formatted or self.structured_outputs):
+            field = "response_format" if formatted else "structured_outputs"
+            out.append((field, f"tool_choice {self.tool_mode!r} is structured output itself: set one of the two"))
+        if self.functions or self.function_call not in (None, "none", "auto"):
+            out.append(("functions", "the deprecated functions are not supported; use tools"))
         if (self.modalities and "audio" in self.modalities) or self.audio:
             out.append(("audio", "audio output is not supported"))
         if self.prediction:
@@ -135,9 +149,17 @@ class ChatCompletionRequest(OpenAIRequest):
     def logprob_counts(self) -> tuple[int | None, int | None]:
         return ((self.top_logprobs or 0) if self.logprobs else None), None
 
-    def conversation(self) -> list[dict[str, str]]:
-        """The messages as ``{"role", "content"}`` dicts with text content, for the chat template."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them (:meth:`ChatMessage.template_input`)."""
+        return [m.template_input() for m in self.messages]
+
+    @property
+    def tool_mode(self) -> tools.Mode:
+        return tools.mode(self.tools, self.tool_choice)
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools for the chat template, with ``tool_choice: none`` too (as vLLM's server renders them)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
 def _utf8(token: str) -> list[int]:
@@ -164,12 +186,25 @@ class ChatFormat:
     token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not)."""
 
     def __init__(
-        self, model: str, n: int = 1, top_logprobs: int | None = None, prompt_ids: Sequence[int] | None = None
+        self,
+        model: str,
+        n: int = 1,
+        top_logprobs: int | None = None,
+        prompt_ids: Sequence[int] | None = None,
+        calls: ToolCalls | None = None,
     ) -> None:
         self.model, self.n, self.top_logprobs = model, n, top_logprobs
         self.prompt_ids = None if prompt_ids is None else list(prompt_ids)
+        self.calls = calls
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self._started: set[int] = set()
+
+    def _answer(self, result: GenerationResult) -> tuple[str | None, list[Any], str]:
+        """A choice's content, tool calls and finish reason."""
+        if self.calls is None:
+            return result.text, [], finish_reason(result)
+        content, calls = self.calls.read(result.text)
+        return content, calls, self.calls.finish_reason(calls) or finish_reason(result)
 
     def _logprobs(self, tokens: Sequence[TokenLogprob] | None, kind: type[Any]) -> Any:
         if self.top_logprobs is None or tokens is None:
@@ -185,16 +220,14 @@ class ChatFormat:
         return {} if self.prompt_ids is None else {"prompt_token_ids": self.prompt_ids}
 
     def response(self, results: Sequence[GenerationResult]) -> ChatCompletion:
-        choices = [
-            ChatChoice(
-                index=i,
-                message=ChatCompletionMessage(role="assistant", content=r.text),
-                finish_reason=finish_reason(r),
-                logprobs=self._logprobs(r.logprobs, ChoiceLogprobs),
-                **self._token_ids(r),
-            )
-            for i, r in enumerate(results)
-        ]
+        choices = []
+        for i, r in enumerate(results):
+            content, calls, reason = self._answer(r)
+            extra = {"tool_calls": calls} if calls else {}
+            message = ChatCompletionMessage(role="assistant", content=content, **extra)
+            logprobs = self._logprobs(r.logprobs, ChoiceLogprobs)
+            choice = ChatChoice(index=i, message=message, finish_reason=reason, logprobs=logprobs, **self._token_ids(r))
+            choices.append(choice)
         return ChatCompletion(
             id=self.id,
             object="chat.completion",
@@ -220,17 +253,26 @@ class ChatFormat:
             choice = ChunkChoice(index=index, delta=role, finish_reason=None, logprobs=None)
             out.append(self._chunk([choice], **self._prompt_ids()))
         ids = self._token_ids(delta)
-        if delta is not None and (delta.text or delta.logprobs or ids.get("token_ids")):
+        text = delta.text if delta is not None and self.calls is None else ""  # with tools: read at the end
+        if delta is not None and (text or delta.logprobs or ids.get("token_ids")):
             logprobs = self._logprobs(delta.logprobs, ChunkLogprobs)
-            content = ChoiceDelta(content=delta.text)
+            content = ChoiceDelta(content=text)
             choice = ChunkChoice(index=index, delta=content, finish_reason=None, logprobs=logprobs, **ids)
             out.append(self._chunk([choice]))
         return out
 
     def final_chunks(self, index: int, result: GenerationResult) -> list[ChatCompletionChunk]:
+        """The choice's end, with its finish reason; where the request gave tools, its content and tool calls
+        first, whole, in one delta (OpenAI's shape: each call with its index)."""
         ids = self._token_ids(None)  # every id came with the deltas
-        done = ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=finish_reason(result), logprobs=None, **ids)
-        return [*self.chunks(index, None), self._chunk([done])]
+        content, calls, reason = self._answer(result)
+        out = self.chunks(index, None)
+        if self.calls is not None and (content or calls):
+            deltas = [ChoiceDeltaToolCall(index=k, **call.model_dump()) for k, call in enumerate(calls)]
+            delta = ChoiceDelta(content=content, **({"tool_calls": deltas} if deltas else {}))
+            out.append(self._chunk([ChunkChoice(index=index, delta=delta, finish_reason=None, logprobs=None)]))
+        done = ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=reason, logprobs=None, **ids)
+        return [*out, self._chunk([done])]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> ChatCompletionChunk:
         return self._chunk([], usage=usage(results, self.n))

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from .chat import ChatMessage, message_refusals
 from .fields import OpenAIModel
+from .tools import ChatTool
 from .types import Refusal, Text, TokenId
 
 
@@ -23,12 +24,12 @@ class TokenizeRequest(OpenAIModel):
         "chat_template_kwargs": None,
         "media_io_kwargs": None,
         "mm_processor_kwargs": None,
-        "tools": None,
     }
 
     model: Text | None = None
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
+    tools: list[ChatTool] | None = Field(None, description="shown to the model with messages, as chat shows them")
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False

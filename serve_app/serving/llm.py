@@ -13,7 +13,7 @@ Handle methods (``handle.<method>.remote(...)``):
   ``handle.options(stream=True)``. They yield ``{"type": "delta", "text", "output_tokens"}`` as tokens come, then
   one ``{"type": "result", ...}`` (the dict ``generate`` returns), or raise if the prompt fails. ``chat`` and
   ``chat_stream`` with ``return_token_ids=True`` add ``token_ids`` (each delta's new ones; the result's all, and
-  its ``prompt_token_ids``).
+  its ``prompt_token_ids``); with ``tools``, the result adds ``content`` and ``tool_calls`` (OpenAI's shape).
 - ``stats() -> dict``: the core's statistics and the replica's identity.
 
 Every method takes ``priority`` (vLLM's meaning: lower runs first; interactive calls 0, Ray Data jobs larger)
@@ -43,6 +43,7 @@ from ..openai.common import KeyTenant, OpenAIRequest, Origin, SamplingFields, ss
 from ..openai.completions import CompletionFormat, CompletionRequest
 from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
 from ..openai.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from ..openai.tools import ToolCalls
 from .http import event_stream
 from .replica import Replica, make_api
 
@@ -54,13 +55,23 @@ MODELS_TIMEOUT_S = 5.0
 api = make_api("token-batching LLM server", "Token-aware admission and batching in front of vLLM, on Ray Serve.")
 
 
-def result_dict(result: GenerationResult, request: GenerationRequest, token_ids: bool) -> dict[str, Any]:
-    """A handle's result dict; with the prompt's and the generated token ids where asked for (chat's
-    ``return_token_ids``)."""
-    out = result.to_dict()
-    if token_ids:
-        out.update(prompt_token_ids=list(request.prompt_token_ids), token_ids=list(result.token_ids))
-    return out
+class Answer:
+    """A handle's result dicts for one request: with the prompt's and the generated token ids where asked for
+    (chat's ``return_token_ids``); where the request gave tools, its ``content`` and ``tool_calls`` (OpenAI's
+    shape) and the finish reason a chat completion would give."""
+
+    def __init__(self, request: GenerationRequest, token_ids: bool = False, calls: ToolCalls | None = None) -> None:
+        self.request, self.token_ids, self.calls = request, token_ids, calls
+
+    def result(self, result: GenerationResult) -> dict[str, Any]:
+        out = result.to_dict()
+        if self.token_ids:
+            out.update(prompt_token_ids=list(self.request.prompt_token_ids), token_ids=list(result.token_ids))
+        if self.calls is not None:
+            content, calls = self.calls.read(result.text)
+            reason = self.calls.finish_reason(calls) or out["finish_reason"]
+            out.update(content=content, tool_calls=[call.model_dump() for call in calls], finish_reason=reason)
+        return out
 
 
 def origin(priority: Any, tenant: Any) -> Origin:
@@ -85,15 +96,16 @@ class LLMServer(Replica):
         sampling_options = requests.sampling(parse(SamplingFields, sampling))
         return await requests.prompts([prompt], sampling_options, origin=origin(priority, tenant))
 
-    async def _chat(self, messages: Any, fields: dict[str, Any]) -> tuple[list[GenerationRequest], bool]:
-        """The conversation's request, and whether its token ids were asked for (``return_token_ids``). A keyword
-        the body does not know is refused here (over HTTP it would be ignored): in Python it is a typo."""
+    async def _chat(self, messages: Any, fields: dict[str, Any]) -> tuple[list[GenerationRequest], Answer]:
+        """The conversation's request, and how its result dicts are made. A keyword the body does not know is
+        refused here (over HTTP it would be ignored): in Python it is a typo."""
         if "tenant" in fields:
             fields = {"user": fields.pop("tenant"), **fields}
         if unknown := sorted(fields.keys() - ChatCompletionRequest.known_fields()):
             raise RequestError(f"unknown keyword argument(s): {', '.join(unknown)}", param=unknown[0])
         body = parse(ChatCompletionRequest, {**fields, "messages": messages, "stream": False})
-        return (await self.core.requests.chat_completion(body))[:1], bool(body.return_token_ids)
+        requests = (await self.core.requests.chat_completion(body))[:1]
+        return requests, Answer(requests[0], bool(body.return_token_ids), self._tool_calls(body))
 
     async def generate(self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any) -> Any:
         """Generate for one prompt; raises if it fails."""
@@ -109,15 +121,16 @@ class LLMServer(Replica):
 
     async def chat(self, messages: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
         """Answer a conversation (OpenAI-style messages; any chat completions field as a keyword)."""
-        requests, token_ids = await self._chat(messages, fields)
+        requests, answer = await self._chat(messages, fields)
         (result,) = await self.core.complete(requests)
-        return result_dict(result, requests[0], token_ids)
+        return answer.result(result)
 
     async def generate_stream(
         self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one prompt's output (``handle.options(stream=True)``): deltas, then the result."""
-        async for item in self._stream(await self._prompt(prompt, sampling, priority, tenant)):
+        requests = await self._prompt(prompt, sampling, priority, tenant)
+        async for item in self._stream(requests, Answer(requests[0])):
             yield item
 
     async def chat_stream(self, messages: list[dict[str, Any]], **fields: Any) -> AsyncIterator[dict[str, Any]]:
@@ -125,19 +138,17 @@ class LLMServer(Replica):
         async for item in self._stream(*await self._chat(messages, fields)):
             yield item
 
-    async def _stream(
-        self, requests: list[GenerationRequest], token_ids: bool = False
-    ) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, requests: list[GenerationRequest], answer: Answer) -> AsyncIterator[dict[str, Any]]:
         async for _, output in self.core.run(requests):
             if isinstance(output, GenerationDelta):
                 item = {"type": "delta", "text": output.text, "output_tokens": output.output_tokens}
                 if output.logprobs is not None:  # asked for (``logprobs=``; ``chat_stream``: ``logprobs=True``)
                     item["logprobs"] = [asdict(token) for token in output.logprobs]
-                if token_ids:
+                if answer.token_ids:
                     item["token_ids"] = list(output.token_ids)
                 yield item
             else:
-                yield {"type": "result", **result_dict(succeeded(output), requests[0], token_ids)}
+                yield {"type": "result", **answer.result(succeeded(output))}
 
     # -- HTTP API --------------------------------------------------------------------------------------------
 
@@ -170,8 +181,13 @@ class LLMServer(Replica):
         body.sent_with(key)
         requests = await self.core.requests.chat_completion(body)
         ids = requests[0].prompt_token_ids if body.return_token_ids else None
-        fmt = ChatFormat(self.config.model_name, body.n, body.logprob_counts()[0], ids)
+        fmt = ChatFormat(self.config.model_name, body.n, body.logprob_counts()[0], ids, self._tool_calls(body))
         return await self._answer(body, requests, fmt)
+
+    def _tool_calls(self, body: ChatCompletionRequest) -> ToolCalls | None:
+        """How the request's answers are read for tool calls (None: it uses no tools)."""
+        parse = self.core.engine.tool_call_reader(body.tool_dicts() or []) if body.tool_mode == "auto" else None
+        return ToolCalls.of(body.tool_mode, body.tool_choice, parse)
 
     @api.post("/tokenize", response_model=TokenizeResponse)
     async def http_tokenize(self, body: TokenizeRequest) -> TokenizeResponse:

@@ -1,0 +1,160 @@
+"""Tool calling on the real app (`serve run serve_config.yaml`, vLLM and the bundled model, its shipped chat template
+with tools and vLLM's `hermes` parser), as the OpenAI Python client and a DeploymentHandle use it: forced calls
+(``required``, a named function) are valid against the tool's schema whole and streamed, a tool's answer in the
+history is taken, ``auto`` answers either way in a consistent shape, and the template shows the model without tools
+exactly what its own template does."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+
+pytestmark = pytest.mark.system
+
+PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "The weather now", "parameters": PARAMETERS},
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def client(real_app: Any) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=f"{real_app.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def streamed_calls(stream: Any) -> tuple[list[tuple[str, str]], str | None, str]:
+    """The calls a stream's tool-call deltas add up to (OpenAI's shape: pieces by index), its finish reason and
+    its content."""
+    calls: dict[int, list[str]] = {}
+    reason, content = None, ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for piece in choice.delta.tool_calls or ():
+                name, arguments = calls.setdefault(piece.index, ["", ""])
+                calls[piece.index] = [name + (piece.function.name or ""), arguments + (piece.function.arguments or "")]
+            reason = choice.finish_reason or reason
+    return [(name, arguments) for name, arguments in (calls[i] for i in sorted(calls))], reason, content
+
+
+@pytest.mark.parametrize(("choice", "reason"), [("required", "tool_calls"), (NAMED, "stop")], ids=["required", "named"])
+def test_forced_calls_match_the_tools_schema_whole_and_streamed(real_app, choice, reason):
+    args = {"model": "SmolLM2-135M-Instruct", "messages": ASK, "tools": [WEATHER], "tool_choice": choice}
+    args |= {"parallel_tool_calls": False, "max_tokens": 96, "temperature": 0}
+    whole = client(real_app).chat.completions.create(**args)
+    (answer,) = whole.choices
+    assert answer.finish_reason == reason and answer.message.content is None, answer
+    (call,) = answer.message.tool_calls
+    assert call.type == "function" and call.id and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), PARAMETERS)
+    calls, streamed_reason, content = streamed_calls(client(real_app).chat.completions.create(**args, stream=True))
+    assert calls == [(call.function.name, call.function.arguments)] and streamed_reason == reason and not content
+    assert whole.usage.prompt_tokens > 150  # the tools' definitions are in the prompt the engine ran
+
+
+def test_a_tools_answer_in_the_history_is_taken_and_answered(real_app):
+    call = {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call-1", "content": "18 degrees celsius, sunny"},
+    ]
+    answer = client(real_app).chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=24
+    )
+    (choice,) = answer.choices
+    assert choice.message.content and not choice.message.tool_calls and choice.finish_reason in ("stop", "length")
+    tokenize = f"{real_app.url}/tokenize"
+    counted = httpx.post(tokenize, json={"messages": messages, "tools": [WEATHER]}, timeout=60).json()["count"]
+    assert answer.usage.prompt_tokens == counted  # what admission counted: the history and the tools' definitions
+    without = httpx.post(tokenize, json={"messages": messages}, timeout=60).json()["count"]
+    assert counted > without + 100
+
+
+def test_auto_answers_with_content_or_calls_and_the_reason_that_goes_with_them(real_app):
+    answer = client(real_app).chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=ASK, tools=[WEATHER], max_tokens=64, temperature=0
+    )
+    (choice,) = answer.choices
+    if choice.message.tool_calls:
+        assert choice.finish_reason == "tool_calls"
+        assert all(
+            call.function.name and json.loads(call.function.arguments) is not None for call in choice.message.tool_calls
+        )
+    else:
+        assert choice.finish_reason in ("stop", "length") and choice.message.content
+
+
+def test_the_template_shows_the_model_without_tools_what_its_own_does(real_app):
+    """The shipped template (``vllm.chat_template`` in serve_config.yaml) renders a conversation without tools
+    token for token as the bundled model's own template does."""
+    from transformers import AutoTokenizer
+
+    from serve_app.models import bundled_path
+
+    tokenizer = AutoTokenizer.from_pretrained(bundled_path())
+    conversation = [{"role": "system", "content": "Be brief."}, *ASK, {"role": "assistant", "content": "Sunny."}, *ASK]
+    for messages in (ASK, conversation):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        own = tokenizer(text, add_special_tokens=False)["input_ids"]  # as vLLM tokenizes a rendered chat
+        served = httpx.post(f"{real_app.url}/tokenize", json={"messages": messages}, timeout=60).json()["tokens"]
+        assert served == list(own)
+
+
+def handle_tool_call() -> dict[str, Any]:
+    """A forced call through the handle (run by a driver of the real app's cluster: :meth:`RealApp.call`)."""
+    import ray
+    from ray import serve
+
+    ray.init(address="auto", namespace="serve")
+    llm = serve.get_app_handle("llm")
+    return llm.chat.remote(ASK, tools=[WEATHER], tool_choice=NAMED, max_tokens=96).result()
+
+
+def test_a_handle_returns_the_calls_in_openais_shape(real_app):
+    result = real_app.call("tests.test_real_tools:handle_tool_call")
+    assert result["finish_reason"] == "stop" and result["content"] is None
+    (call,) = result["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["type"] == "function"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMETERS)
+
+
+def test_the_docs_example_runs_as_written_and_a_schema_vllm_cannot_compile_is_a_400(real_app):
+    """docs/http.md's tool-calling example prints the call's name and its arguments; a tool whose schema vLLM's
+    grammar backend refuses is a 400 naming ``tools`` when a call is forced."""
+    import ast
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import openai
+
+    http_md = (Path(__file__).resolve().parent.parent / "docs" / "http.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", http_md, flags=re.S) if "tools=[weather]" in b]
+    example = example.replace("http://localhost:8000", real_app.url)
+    done = subprocess.run(
+        [sys.executable, "-c", example], env=real_app.env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    name, arguments = done.stdout.strip().split(" ", 1)
+    assert name == "get_weather" and set(ast.literal_eval(arguments)) == {"city"}, done.stdout
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(real_app).chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=ASK, tools=[bad], tool_choice="required", max_tokens=8
+        )
+    assert refused.value.body["param"] == "tools", refused.value.body
