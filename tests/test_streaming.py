@@ -200,6 +200,7 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         ("/v1/chat/completions", {"bad_words": [], "include_reasoning": True, "prompt_cache_key": "k"}, 200, None),
         ("/v1/chat/completions", {"no_such_field": 1, "response_format": {"type": "text", "extra": 1}}, 200, None),
         ("/v1/completions", {"no_such_field": 1, "stream": True, "stream_options": {"newer": 1}}, 200, None),
+        ("/v1/chat/completions", {f"field_of_2027_{i}": {"any": [i]} for i in range(5)}, 200, None),
     ],
 )
 async def test_openai_field_matrix(app, path, extra, status, param):
