@@ -20,6 +20,7 @@ pytest.importorskip("vllm")  # the batch line and output models are vLLM's
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,8 @@ def good_lines(triples: int) -> list[dict]:
         chat = {"messages": [{"role": "user", "content": f"question {i} about batches"}], "max_tokens": 3 + i % 3}
         if i % 4 == 1:
             chat |= {"temperature": 0, "stop": ["zzz"], "n": 2, "user": "tenant-a", "priority": 2}
+        if i % 4 == 3:  # tools shown to the model (the simulated engine can make no call: tests/test_real_tools.py)
+            chat |= {"tools": [TOOL], "tool_choice": "none"}
         lines.append({"url": CHAT, "body": chat})
         completion = {"prompt": f"prompt {i} goes", "max_tokens": 4, "temperature": 0}
         if i % 3 == 0:
@@ -57,7 +60,14 @@ def good_lines(triples: int) -> list[dict]:
         texts = [f"text {i}", "another text"] if i % 2 else f"one text {i}"
         lines.append({"url": EMBEDDINGS, "body": {"input": texts} | ({"encoding_format": "base64"} if i % 5 else {})})
     lines = [{"custom_id": f"req-{n}", "method": "POST", **line} for n, line in enumerate(lines)]
-    refused = {"refused-chat": (CHAT, {"messages": [], "max_tokens": -1}), "refused-field": (COMPLETIONS, {"x": 1})}
+    refused = {
+        "refused-chat": (CHAT, {"messages": [], "max_tokens": -1}),
+        "refused-field": (COMPLETIONS, {"x": 1}),
+        "refused-tools": (
+            CHAT,
+            {"messages": [{"role": "user", "content": "f?"}], "tools": [TOOL], "tool_choice": "required"},
+        ),
+    }
     return lines + [{"custom_id": c, "method": "POST", "url": u, "body": b} for c, (u, b) in refused.items()]
 
 
@@ -126,7 +136,7 @@ def test_a_batch_file_is_answered_line_for_line_as_the_http_routes_answer(served
     answered = [json.loads(line) for line in out.read_text().splitlines()]
     numbered = [f"requests.jsonl:{n}" for n, text in enumerate(texts) if text]
     assert [a["id"] for a in answered] == numbered  # one line out per request line, in input order
-    assert summary["lines_in"] == summary["lines_out"] == len(good) + len(BAD) == 3 * triples + 8
+    assert summary["lines_in"] == summary["lines_out"] == len(good) + len(BAD) == 3 * triples + 3 + 6  # refused, bad
     assert summary["duplicate_ids"] == 0
 
     by_custom = {a["custom_id"]: a for a in answered}
@@ -135,10 +145,10 @@ def test_a_batch_file_is_answered_line_for_line_as_the_http_routes_answer(served
         assert got["status_code"] == direct.status_code, line
         assert comparable(got["body"]) == comparable(direct.json(), approx=True), line  # the route's very answer
         assert got["request_id"]
-    for refused in ("refused-chat", "refused-field"):  # the routes' own refusals, passed through (compared above)
+    for refused in ("refused-chat", "refused-field", "refused-tools"):  # the routes' own refusals (compared above)
         assert by_custom[refused]["response"]["status_code"] >= 400
         assert by_custom[refused]["error"] == by_custom[refused]["response"]["body"]["error"]
-    assert sum(a["response"]["status_code"] == 200 for a in answered) == len(good) - 2
+    assert sum(a["response"]["status_code"] == 200 for a in answered) == len(good) - 3  # the refused
 
     bad = [a for a in answered if a["custom_id"] not in {line["custom_id"] for line in good}]
     assert len(bad) == len(BAD)
