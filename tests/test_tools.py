@@ -63,16 +63,17 @@ def test_forced_calls_are_read_from_the_output_and_a_cut_one_stays_content() -> 
     assert content is None and [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris"})
     ]
-    assert required.finish_reason(calls) == "tool_calls"
+    assert required.finish_reason(calls, "stop") == "tool_calls"
     assert required.read('[{"name": "get_weather", "param') == ('[{"name": "get_weather", "param', [])
     named = ToolCalls("named", "get_weather")
     content, calls = named.read('{"city": "Paris"}')
-    assert (
-        content is None and calls[0].function.arguments == '{"city": "Paris"}' and named.finish_reason(calls) == "stop"
-    )
+    assert content is None and calls[0].function.arguments == '{"city": "Paris"}'
+    assert named.finish_reason(calls, "stop") == "stop"
+    assert named.finish_reason(calls, "length") == "length"  # cut short: its arguments may not parse
     auto = ToolCalls("auto", parse=lambda text: ("before", [("get_weather", '{"city": "Oslo"}')]))
     content, calls = auto.read("anything")
-    assert content == "before" and calls[0].function.name == "get_weather" and auto.finish_reason(calls) == "tool_calls"
+    assert content == "before" and calls[0].function.name == "get_weather"
+    assert auto.finish_reason(calls, "stop") == "tool_calls"
     assert ToolCalls("auto").read("plain") == ("plain", [])  # no parser: the output is the content
 
 

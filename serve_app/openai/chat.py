@@ -204,7 +204,7 @@ class ChatFormat:
         if self.calls is None:
             return result.text, [], finish_reason(result)
         content, calls = self.calls.read(result.text)
-        return content, calls, self.calls.finish_reason(calls) or finish_reason(result)
+        return content, calls, self.calls.finish_reason(calls, finish_reason(result))
 
     def _logprobs(self, tokens: Sequence[TokenLogprob] | None, kind: type[Any]) -> Any:
         if self.top_logprobs is None or tokens is None:

@@ -154,9 +154,9 @@ class ToolCalls:
         content, found = self.parse(text)
         return content, [call(name, arguments) for name, arguments in found]
 
-    def finish_reason(self, calls: list[Any]) -> str | None:
+    def finish_reason(self, calls: list[Any], reason: str) -> str:
         """OpenAI's: ``tool_calls`` where the model chose to call (``auto``, ``required``), ``stop`` for a named
-        function; None where there is no call (the output's own reason stands)."""
-        if not calls:
-            return None
+        function; the output's own ``reason`` where there is no call or it was cut short (``length``)."""
+        if not calls or reason == "length":
+            return reason
         return "stop" if self.how == "named" else "tool_calls"
