@@ -50,13 +50,14 @@ def vllms_models() -> list[tuple[type[OpenAIModel], Any]]:
 
 
 def test_every_field_of_vllms_request_models_is_ours_or_a_refused_extension_with_vllms_default() -> None:
-    for ours, vllms in vllms_models():
+    models = vllms_models()
+    for ours, vllms in models:
         missing = set(vllms.model_fields) - ours.known_fields()
         assert not missing, f"{ours.__name__} does not know vLLM's {sorted(missing)} ({vllms.__name__})"
         for name, default in ours.VLLM_EXTENSIONS.items():
             if name in vllms.model_fields:
                 assert vllms.model_fields[name].get_default(call_default_factory=True) == default, (ours, name)
-        stale = [name for name in ours.VLLM_EXTENSIONS if not any(name in v.model_fields for _, v in vllms_models())]
+        stale = [name for name in ours.VLLM_EXTENSIONS if not any(name in v.model_fields for _, v in models)]
         assert not stale, f"{ours.__name__} lists extensions vLLM no longer has: {stale}"
 
 

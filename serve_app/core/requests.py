@@ -74,8 +74,7 @@ class RequestBuilder:
             self._check_text(body.prompt, "prompt")
             (ids,) = await self.engine.encode([body.prompt])
             return ids
-        shown = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        ids, _ = await self._encode_chat([m.template_input() for m in body.messages or ()], shown)
+        ids, _ = await self._encode_chat([m.template_input() for m in body.messages or ()], tools.shown(body.tools))
         return ids  # not checked against the model's context: a client counts to learn whether it fits
 
     async def detokenize(self, body: DetokenizeRequest) -> str:
@@ -112,14 +111,18 @@ class RequestBuilder:
             structured_outputs=fields.output_constraint(),
             **given,
         )
+        self._check_engine(options, fields.constraint_field())
+        return options
+
+    def _check_engine(self, options: SamplingOptions, constraint_field: str) -> None:
+        """The engine's own checks of ``options``; a refusal of the output constraint names the body's field that
+        set it (``constraint_field``), as the body names it."""
         try:
             self.engine.check_sampling(options)
         except RequestError as exc:
-            field = fields.constraint_field()
-            if exc.param != "structured_outputs" or field == exc.param:
+            if exc.param != "structured_outputs" or constraint_field == exc.param:
                 raise
-            raise RequestError(str(exc).replace(exc.param, field, 1), param=field) from None  # as the body names it
-        return options
+            raise RequestError(str(exc).replace(exc.param, constraint_field, 1), param=constraint_field) from None
 
     # -- Prompts ------------------------------------------------------------------------------------------
 
@@ -243,10 +246,7 @@ class RequestBuilder:
                 raise RequestError(why, param="tool_choice")
             schema = tools.output_schema(body.tools or [], body.tool_choice, body.parallel_tool_calls)
             sampling = replace(sampling, structured_outputs=StructuredOutputs(json=json.dumps(schema)))
-            try:
-                self.engine.check_sampling(sampling)
-            except RequestError as exc:  # the schema is the tools' parameters: the refusal names them
-                raise RequestError(str(exc).replace("structured_outputs", "tools", 1), param="tools") from None
+            self._check_engine(sampling, "tools")  # the schema is the tools' parameters: a refusal names them
         return await self.chat(body.conversation(), sampling, body.n, body.origin, body.tool_dicts())
 
     def _request(

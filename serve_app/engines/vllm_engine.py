@@ -38,6 +38,7 @@ from .base import (
     SamplingOptions,
     TokenLogprob,
 )
+from .tool_calls import parser_class, reader
 
 logger = logging.getLogger(__name__)
 
@@ -63,18 +64,6 @@ def vllm_refusals(what: str | None = None) -> Iterator[None]:
         raise RequestError(f"{what}: {message}" if what else message, param=param) from None
 
 
-def tool_parser_class(name: str) -> Any:
-    """vLLM's tool parser of this name (``vllm serve --tool-call-parser``); a ``ValueError`` listing vLLM's own
-    names for one it does not have."""
-    from vllm.tool_parsers import ToolParserManager
-
-    try:
-        return ToolParserManager.get_tool_parser(name)
-    except KeyError:
-        names = ", ".join(sorted(ToolParserManager.list_registered()))
-        raise ValueError(f"vllm.tool_call_parser: {name!r} is not one of vLLM's tool parsers ({names})") from None
-
-
 def paced_step_tokens(step_tokens: int) -> int:
     """Lower priorities' tokens a step on a CPU while interactive requests are about: a share of vLLM's step."""
     return max(1, step_tokens // PACED_STEP_SHARE)
@@ -95,7 +84,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         self._priorities = args["scheduling_policy"] == "priority"  # vLLM refuses a request's priority under fcfs
         self.max_model_len = settings.max_model_len
         self._chat_template = Path(settings.chat_template).read_text() if settings.chat_template else None
-        self._tool_parser = tool_parser_class(settings.tool_call_parser) if settings.tool_call_parser else None
+        self._tool_parser = parser_class(settings.tool_call_parser) if settings.tool_call_parser else None
         self.reads_tool_calls = self._tool_parser is not None
         self._llm = start_async_llm(model, settings, on_gpu, args)
         self._dead: BaseException | None = None
@@ -125,23 +114,9 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         return list(prompt["prompt_token_ids"]), prompt.get("prompt", "")
 
     def tool_call_reader(self, tools: Sequence[dict[str, Any]]) -> Callable[[str], Any] | None:
-        """vLLM's tool parser (the ``tool_call_parser`` setting) over one request's tools: an output's content and
-        its calls as ``(name, arguments)``."""
-        if self._tool_parser is None:
-            return None
-        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
-        request = ChatCompletionRequest.model_validate(
-            {"messages": [{"role": "user", "content": ""}], "tools": list(tools), "tool_choice": "auto"}
-        )
-        parser = self._tool_parser(self._llm.get_tokenizer(), request.tools)
-
-        def read(text: str) -> tuple[str | None, list[tuple[str, str]]]:
-            found = parser.extract_tool_calls(text, request)
-            calls = [(call.function.name, call.function.arguments) for call in found.tool_calls]
-            return (found.content, calls) if found.tools_called else (text, [])
-
-        return read
+        """vLLM's tool parser (the ``tool_call_parser`` setting) over one request's tools
+        (:func:`~serve_app.engines.tool_calls.reader`)."""
+        return None if self._tool_parser is None else reader(self._tool_parser, self._llm.get_tokenizer(), tools)
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         from vllm.inputs import TokensPrompt

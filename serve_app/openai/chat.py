@@ -159,7 +159,7 @@ class ChatCompletionRequest(OpenAIRequest):
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         """The tools for the chat template, with ``tool_choice: none`` too (as vLLM's server renders them)."""
-        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+        return tools.shown(self.tools)
 
 
 def _utf8(token: str) -> list[int]:
@@ -203,8 +203,7 @@ class ChatFormat:
         """A choice's content, tool calls and finish reason."""
         if self.calls is None:
             return result.text, [], finish_reason(result)
-        content, calls = self.calls.read(result.text)
-        return content, calls, self.calls.finish_reason(calls, finish_reason(result))
+        return self.calls.answer(result.text, finish_reason(result))
 
     def _logprobs(self, tokens: Sequence[TokenLogprob] | None, kind: type[Any]) -> Any:
         if self.top_logprobs is None or tokens is None:

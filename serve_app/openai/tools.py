@@ -70,6 +70,11 @@ def mode(tools: list[ChatTool] | None, choice: ToolChoice | None) -> Mode:
     return choice or "auto"
 
 
+def shown(tools: list[ChatTool] | None) -> list[dict[str, Any]] | None:
+    """The tools as the chat template shows them to the model (None: no tools)."""
+    return [tool.model_dump(exclude_none=True) for tool in tools] if tools else None
+
+
 def refusals(tools: list[ChatTool] | None, choice: ToolChoice | None) -> list[Refusal]:
     """A ``tool_choice`` that needs tools without them, or names one that is not among them (vLLM's checks)."""
     if choice in (None, "none"):
@@ -153,6 +158,12 @@ class ToolCalls:
             return text, []
         content, found = self.parse(text)
         return content, [call(name, arguments) for name, arguments in found]
+
+    def answer(self, text: str, reason: str) -> tuple[str | None, list[ChatCompletionMessageFunctionToolCall], str]:
+        """An output's content, its calls and the finish reason that goes with them (:meth:`read`,
+        :meth:`finish_reason`); ``reason``: the output's own."""
+        content, calls = self.read(text)
+        return content, calls, self.finish_reason(calls, reason)
 
     def finish_reason(self, calls: list[Any], reason: str) -> str:
         """OpenAI's: ``tool_calls`` where the model chose to call (``auto``, ``required``), ``stop`` for a named

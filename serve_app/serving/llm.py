@@ -68,8 +68,7 @@ class Answer:
         if self.token_ids:
             out.update(prompt_token_ids=list(self.request.prompt_token_ids), token_ids=list(result.token_ids))
         if self.calls is not None:
-            content, calls = self.calls.read(result.text)
-            reason = self.calls.finish_reason(calls, out["finish_reason"])
+            content, calls, reason = self.calls.answer(result.text, out["finish_reason"])
             out.update(content=content, tool_calls=[call.model_dump() for call in calls], finish_reason=reason)
         return out
 
