@@ -284,3 +284,45 @@ def test_structured_outputs_constrain_what_the_model_writes(core, loop):
     assert set(answer) == {"city", "capital"} and isinstance(answer["capital"], bool), as_json.text
     assert re.fullmatch("[0-9]{3}-[a-z]{2}", as_regex.text), as_regex.text
     assert as_choice.text in {"Paris", "Lyon", "Nice"}, as_choice.text
+
+
+def test_vllms_reasoning_parser_reads_what_the_real_engine_writes_whole_and_streamed(core, loop):
+    """A thought and an answer the model writes under a regular expression (this engine runs without a reasoning
+    parser, so the grammar holds from the first token), read by vLLM's ``qwen3`` parser over vLLM's tokenizer of the
+    bundled model, as a replica with ``vllm.reasoning_parser`` reads them: the engine's own deltas and ids, split
+    the same way whole and streamed."""
+    import re
+
+    from vllm.tokenizers import get_tokenizer
+
+    from serve_app.core.requests import parse
+    from serve_app.engines import GenerationResult
+    from serve_app.engines.parsers import OutputParsers
+    from serve_app.models import prepare
+    from serve_app.openai.chat import ChatFormat
+    from serve_app.openai.common import SamplingFields
+
+    parsers = OutputParsers(None, "qwen3").over(get_tokenizer(str(prepare())))
+    pattern = "<think>[a-z ]{8,40}</think>[A-Z][a-z ]{8,40}[.]"
+    sampling = core.requests.sampling(
+        parse(SamplingFields, {"max_tokens": 64, "structured_outputs": {"regex": pattern}})
+    )
+
+    async def run():
+        requests = await core.requests.chat(FRANCE, sampling)
+        fmt = ChatFormat("m", reasoning=lambda: parsers.reasoning_reader(requests[0].prompt_token_ids))
+        chunks = []
+        async for index, output in core.run(requests):
+            final = isinstance(output, GenerationResult)
+            chunks += fmt.final_chunks(index, output) if final else fmt.chunks(index, output)
+            if final:
+                return output, fmt.response([output]).choices[0].message, chunks
+        raise AssertionError("no result")
+
+    result, message, chunks = loop.run_until_complete(run())
+    written = re.fullmatch("<think>(.*)</think>(.*)", result.text)
+    assert written and result.finish_reason == "stop", result.text
+    assert (message.model_extra["reasoning"], message.content) == (written[1], written[2])
+    streamed = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.model_extra.get("reasoning") or "" for d in streamed) == written[1]
+    assert "".join(d.content or "" for d in streamed) == written[2]

@@ -149,6 +149,7 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         ),
         ("/v1/chat/completions", {"logprobs": False, "metadata": {"k": "v"}, "parallel_tool_calls": False}, 200, None),
         ("/v1/chat/completions", {"logprobs": False, "top_logprobs": 0}, 200, None),
+        ("/v1/chat/completions", {"include_reasoning": False}, 200, None),  # no reasoning parser here: no thoughts
         # refused: cannot be honoured here (the simulated engine computes no log probabilities; vLLM's does)
         ("/v1/completions", {"logprobs": 2}, 400, "logprobs"),
         ("/v1/completions", {"logprobs": 0, "echo": True}, 400, "logprobs"),
@@ -195,7 +196,7 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         ("/v1/chat/completions", {"frequency_penalty": 3}, 422, "frequency_penalty"),
         # vLLM's extensions this server does not implement: refused unless at vLLM's default; unknown: ignored
         ("/v1/completions", {"bad_words": ["x"]}, 400, "bad_words"),
-        ("/v1/chat/completions", {"include_reasoning": False}, 400, "include_reasoning"),
+        ("/v1/chat/completions", {"echo": True}, 400, "echo"),
         ("/v1/chat/completions", {"moderation": {"input": {"mode": "block"}}}, 400, "moderation"),
         ("/v1/chat/completions", {"bad_words": [], "include_reasoning": True, "prompt_cache_key": "k"}, 200, None),
         ("/v1/chat/completions", {"no_such_field": 1, "response_format": {"type": "text", "extra": 1}}, 200, None),

@@ -96,6 +96,12 @@ class VLLMSettings(Strict):
         "`hermes`): chat requests with tools and `tool_choice: auto` (OpenAI's default) need it; `required` and a "
         "named function do not (structured output)",
     )
+    reasoning_parser: str | None = Field(
+        None,
+        description="vLLM's parser of a reasoning model's thoughts (`vllm serve --reasoning-parser`, e.g. `qwen3`, "
+        "`deepseek_r1`): chat answers then carry them apart from `content`, in `reasoning` (and `reasoning_content`), "
+        "and structured output constrains only the answer after them",
+    )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="anything else for `vllm.AsyncEngineArgs` (e.g. tensor_parallel_size)"
     )
@@ -129,6 +135,21 @@ class SimulatedSettings(Strict):
     )
     raise_marker: str | None = Field(
         "__simulated_raise__", description="a batch holding it raises after running (tests of failure isolation)"
+    )
+    replies: list[str] = Field(
+        default_factory=list,
+        description="replies a prompt asks for by number with `reply_marker` (tests of what a model writes: tool "
+        "calls, reasoning): said token by token, ending there (finish reason `stop`) or at `max_tokens`",
+    )
+    reply_marker: str = Field(
+        "__simulated_reply__",
+        min_length=1,
+        description="a prompt holding it and a number K is answered with `replies[K]`",
+    )
+    tokenizer: bool = Field(
+        False,
+        description="tokenize with the model's own tokenizer (`model`) in place of 4 characters a token, so that "
+        "vLLM's parsers (`vllm.tool_call_parser`, `vllm.reasoning_parser`) read its replies",
     )
 
 

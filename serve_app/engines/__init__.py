@@ -36,9 +36,13 @@ __all__ = [
 def build_engine(config: AppConfig) -> Engine:
     """The engine the config selects (``vllm`` is imported only when chosen)."""
     if config.engine == "simulated":
+        from .parsers import OutputParsers
         from .simulated import SimulatedEngine
 
-        return SimulatedEngine(config.simulated)
+        if not config.simulated.tokenizer:
+            return SimulatedEngine(config.simulated)
+        parsers = OutputParsers(config.vllm.tool_call_parser, config.vllm.reasoning_parser)
+        return SimulatedEngine(config.simulated, resolve(config.model), parsers)
     from .vllm_engine import VLLMEngine
 
     on_gpus = config.placement is not None and config.placement.bundle_per_worker.get("GPU", 0) > 0

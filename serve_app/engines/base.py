@@ -8,11 +8,12 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import EngineDeadError, RequestError
+from .parsers import OutputParsers, ReasoningReader, ToolReader
 
 __all__ = [
     "Engine",
@@ -184,8 +185,8 @@ class Engine(abc.ABC):
     """Whether it computes log probabilities (``SamplingOptions.logprobs``); a request for them is refused if not."""
     structures_outputs: bool = False
     """Whether it constrains outputs (``SamplingOptions.structured_outputs``); a request for it is refused if not."""
-    reads_tool_calls: bool = False
-    """Whether it reads the model's own tool calls from an output (:meth:`tool_call_reader`: ``tool_choice: auto``)."""
+    parsers: OutputParsers | None = None
+    """vLLM's output parsers over the model's tokenizer, where the engine has both (tool calls, reasoning)."""
     max_model_len: int
 
     def check_sampling(self, sampling: SamplingOptions) -> None:
@@ -212,10 +213,18 @@ class Engine(abc.ABC):
         """Token ids (and text) of chat messages with the model's chat template and generation prompt; ``tools``:
         OpenAI's tool definitions, for the template to show the model."""
 
-    def tool_call_reader(self, tools: Sequence[dict[str, Any]]) -> Callable[[str], Any] | None:
-        """A reader of the model's own tool calls in an output (:data:`serve_app.openai.tools.Parse`), where the
-        engine has one (:attr:`reads_tool_calls`)."""
-        return None
+    @property
+    def reads_tool_calls(self) -> bool:
+        """Whether it reads the model's own tool calls from an output (``tool_choice: auto``)."""
+        return self.parsers is not None and self.parsers.reads_tool_calls
+
+    def tool_call_reader(self, tools: Sequence[dict[str, Any]]) -> ToolReader | None:
+        """A reader of the model's own tool calls in outputs to a request with ``tools``, where it has one."""
+        return None if self.parsers is None else self.parsers.tool_reader(tools)
+
+    def reasoning_reader(self, prompt_token_ids: Sequence[int]) -> ReasoningReader | None:
+        """A reader of a reasoning model's thoughts apart from its answer in one output, where it has one."""
+        return None if self.parsers is None else self.parsers.reasoning_reader(prompt_token_ids)
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         """Text of token ids (prompts given as ids, echoed back); engines with a tokenizer override it."""

@@ -8,7 +8,9 @@ ends at its own length (``max_tokens``), freeing its place for the next (at most
 rest wait in the engine's own queue). With ``padded`` it is a static, padded batch engine instead: a batch
 takes ``batch_overhead_s`` plus prefill and decode over batch size x the longest prompt and output.
 
-Tokenization is simulated too: one token per 4 characters. Replies echo the prompt's words.
+Tokenization is simulated too: one token per 4 characters, or the model's own tokenizer (``tokenizer``), which
+lets vLLM's output parsers read its replies. Replies echo the prompt's words (with simulated token ids), or say
+a reply a prompt asks for by number (``replies``), token by token, and stop there.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from ..config import SimulatedSettings
 from .base import Engine, EngineDeadError, GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
+from .parsers import OutputParsers
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +36,12 @@ PREFIX = "[simulated] "
 class _Sequence:
     """One request inside the simulated engine."""
 
-    __slots__ = ("aborted", "finished", "outputs", "prefilled", "produced", "request", "words")
+    __slots__ = ("aborted", "finished", "outputs", "prefilled", "produced", "request", "script", "words")
 
-    def __init__(self, request: GenerationRequest) -> None:
+    def __init__(self, request: GenerationRequest, script: list[tuple[str, int]] | None = None) -> None:
         self.request = request
         self.words = request.prompt_text.split() or ["..."]
+        self.script = script
         self.produced = 0
         self.prefilled = False
         self.finished = False
@@ -44,12 +49,23 @@ class _Sequence:
         self.outputs: asyncio.Queue[GenerationOutput | BaseException] = asyncio.Queue()
 
     def token_text(self, index: int) -> str:
+        if self.script is not None:
+            return self.script[index][0]
         word = self.words[index % len(self.words)]
         return PREFIX + word if index == 0 else " " + word
 
     def token_id(self, index: int) -> int:
-        """The simulated id of output token ``index``: the sum of its text's bytes."""
-        return sum(self.token_text(index).encode())
+        """The id of output token ``index``: the script's, or the sum of its text's bytes."""
+        return self.script[index][1] if self.script is not None else sum(self.token_text(index).encode())
+
+    @property
+    def limit(self) -> int:
+        """The tokens it will produce: ``max_tokens``, or its script's where that ends first."""
+        budget = self.request.sampling.max_tokens
+        return budget if self.script is None else min(budget, len(self.script))
+
+    def end_reason(self) -> str:
+        return "stop" if self.script is not None and self.produced >= len(self.script) else "length"
 
     def context(self) -> int:
         return len(self.request.prompt_token_ids) + self.produced
@@ -60,8 +76,17 @@ class SimulatedEngine(Engine):
 
     name = "simulated"
 
-    def __init__(self, settings: SimulatedSettings) -> None:
+    def __init__(
+        self, settings: SimulatedSettings, tokenizer: str | None = None, parsers: OutputParsers | None = None
+    ) -> None:
+        """``tokenizer``: a model folder whose tokenizer it uses; ``parsers``: vLLM's, over that tokenizer."""
         self.settings = settings
+        self._tokenizer: Any = None
+        if tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            self.parsers = parsers.over(self._tokenizer) if parsers is not None else None
         self.max_model_len = settings.max_model_len
         self.continuous = not settings.padded
         self._dead: str | None = None
@@ -77,8 +102,29 @@ class SimulatedEngine(Engine):
         """The simulated tokenizer: one token per 4 characters."""
         return [sum(text[i : i + CHARS_PER_TOKEN].encode()) for i in range(0, len(text), CHARS_PER_TOKEN)]
 
+    def _encode(self, text: str) -> list[int]:
+        if self._tokenizer is None:
+            return self.tokens(text)
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _script(self, prompt: str) -> list[tuple[str, int]] | None:
+        """The reply a prompt asks for by number (``replies``), as (text, id) tokens; None: it asks for none."""
+        found = re.search(re.escape(self.settings.reply_marker) + r"(\d+)", prompt) if self.settings.replies else None
+        if found is None or int(found.group(1)) >= len(self.settings.replies):
+            return None
+        reply = self.settings.replies[int(found.group(1))]
+        if self._tokenizer is None:
+            chunks = [reply[i : i + CHARS_PER_TOKEN] for i in range(0, len(reply), CHARS_PER_TOKEN)]
+            return [(chunk, sum(chunk.encode())) for chunk in chunks] or None
+        ids, said, out = self._encode(reply), "", []
+        for k, token in enumerate(ids):  # each token's text as a detokenizer streams it
+            text = self._tokenizer.decode(ids[: k + 1])
+            out.append((text[len(said) :], token))
+            said = text
+        return out or None
+
     async def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.tokens(text) for text in texts]
+        return [self._encode(text) for text in texts]
 
     async def encode_chat(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
@@ -86,9 +132,11 @@ class SimulatedEngine(Engine):
         shown = f"<|tools|>{json.dumps(list(tools))}\n" if tools else ""
         calls = (f"<|calls|>{json.dumps(m['tool_calls'])}" if m.get("tool_calls") else "" for m in messages)
         text = shown + "".join(f"<|{m['role']}|>{m['content']}{c}\n" for m, c in zip(messages, calls)) + "<|assistant|>"
-        return self.tokens(text), text
+        return self._encode(text), text
 
     async def decode(self, token_ids: Sequence[int]) -> str:
+        if self._tokenizer is not None:
+            return self._tokenizer.decode(list(token_ids))
         return " ".join(f"t{token}" for token in token_ids)
 
     def kv_cache_tokens(self) -> int | None:
@@ -122,7 +170,7 @@ class SimulatedEngine(Engine):
         if failed is not None:
             yield failed
             return
-        sequence = _Sequence(request)
+        sequence = _Sequence(request, self._script(request.prompt_text))
         self._waiting.append(sequence)
         self._by_id[request.request_id] = sequence
         self._kick()
@@ -186,13 +234,13 @@ class SimulatedEngine(Engine):
             request.request_id, sequence.token_text(index), sequence.produced, token_ids=(sequence.token_id(index),)
         )
         sequence.outputs.put_nowait(delta)
-        if sequence.produced >= request.sampling.max_tokens:
+        if sequence.produced >= sequence.limit:
             bad = self.settings.raise_marker
             if bad and bad in request.prompt_text:
                 sequence.finished = True
                 sequence.outputs.put_nowait(RuntimeError("simulated engine error (raise marker)"))
                 return
-            self._finish(sequence, "length")
+            self._finish(sequence, sequence.end_reason())
 
     def _finish(self, sequence: _Sequence, reason: str) -> None:
         sequence.finished = True
@@ -234,7 +282,7 @@ class SimulatedEngine(Engine):
         failed = [self._admit(r) for r in batch]
         self._counts["batches"] += 1
         ids = {r.request_id for r in batch}
-        self._by_id.update({r.request_id: _Sequence(r) for r in batch})
+        self._by_id.update({r.request_id: _Sequence(r, self._script(r.prompt_text)) for r in batch})
         try:
             await asyncio.sleep(self.batch_seconds(batch))
             bad = self.settings.raise_marker
@@ -247,8 +295,8 @@ class SimulatedEngine(Engine):
                     results.append(failure)
                     continue
                 if not sequence.aborted:
-                    sequence.produced = request.sampling.max_tokens
-                self._finish(sequence, "abort" if sequence.aborted else "length")
+                    sequence.produced = sequence.limit
+                self._finish(sequence, "abort" if sequence.aborted else sequence.end_reason())
                 results.append(sequence.outputs.get_nowait())
             return results
         finally:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from .base import (
     SamplingOptions,
     TokenLogprob,
 )
-from .tool_calls import parser_class, reader
+from .parsers import OutputParsers
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +84,16 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         self._priorities = args["scheduling_policy"] == "priority"  # vLLM refuses a request's priority under fcfs
         self.max_model_len = settings.max_model_len
         self._chat_template = Path(settings.chat_template).read_text() if settings.chat_template else None
-        self._tool_parser = parser_class(settings.tool_call_parser) if settings.tool_call_parser else None
-        self.reads_tool_calls = self._tool_parser is not None
+        parsers = OutputParsers(settings.tool_call_parser, settings.reasoning_parser)  # names checked before it starts
+        if settings.reasoning_parser:  # vLLM's grammar then constrains only the answer after the thoughts
+            args["reasoning_parser"] = settings.reasoning_parser
         self._llm = start_async_llm(model, settings, on_gpu, args)
         self._dead: BaseException | None = None
+        try:
+            self.parsers = parsers.over(self._llm.get_tokenizer())
+        except ValueError:
+            self.close()
+            raise
         self._counts = {"requests": 0, "aborts": 0}
 
     async def _tokenize(self, prompts: list[Any], **params: Any) -> list[Any]:
@@ -112,11 +118,6 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         if "prompt_token_ids" not in prompt:
             (prompt,) = await self._tokenize([prompt], add_special_tokens=False, needs_detokenization=True)
         return list(prompt["prompt_token_ids"]), prompt.get("prompt", "")
-
-    def tool_call_reader(self, tools: Sequence[dict[str, Any]]) -> Callable[[str], Any] | None:
-        """vLLM's tool parser (the ``tool_call_parser`` setting) over one request's tools
-        (:func:`~serve_app.engines.tool_calls.reader`)."""
-        return None if self._tool_parser is None else reader(self._tool_parser, self._llm.get_tokenizer(), tools)
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         from vllm.inputs import TokensPrompt

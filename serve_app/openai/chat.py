@@ -4,7 +4,7 @@ response body and stream chunks."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage, ChatCompletionTokenLogprob
@@ -17,6 +17,7 @@ from openai.types.chat.chat_completion_token_logprob import TopLogprob
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
+from ..engines.parsers import ReasoningReader
 from . import tools
 from .common import OpenAIRequest, clamp_logprob, new_id, usage
 from .completions import finish_reason
@@ -83,7 +84,6 @@ class ChatCompletionRequest(OpenAIRequest):
         "chat_template": None,
         "documents": None,
         "echo": False,
-        "include_reasoning": True,
         "media_io_kwargs": None,
         "mm_processor_kwargs": None,
         "return_prompt_text": None,
@@ -116,6 +116,7 @@ class ChatCompletionRequest(OpenAIRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    include_reasoning: bool = True
 
     @model_validator(mode="after")
     def _newer_name(self) -> ChatCompletionRequest:
@@ -180,10 +181,28 @@ def token_logprobs(tokens: Sequence[TokenLogprob], top: int) -> list[ChatComplet
     ]
 
 
+Reasoning = Callable[[], ReasoningReader]
+"""A new reader of one output's reasoning (the engine's reasoning parser, over the request's prompt)."""
+
+
+def read_output(
+    result: GenerationResult, calls: ToolCalls | None, reasoning: Reasoning | None
+) -> tuple[str | None, str | None, list[Any], str]:
+    """An output's reasoning, content, tool calls and finish reason, as vLLM's server reads them: the reasoning
+    parser's split first, then the tool calls in the answer after the thoughts."""
+    thoughts, text = reasoning().split(result.text, result.token_ids) if reasoning else (None, result.text)
+    reason = finish_reason(result)
+    if calls is None or text is None:
+        return thoughts, text, [], reason
+    return thoughts, *calls.answer(text, reason)
+
+
 class ChatFormat:
     """``/v1/chat/completions`` bodies for one request with ``n`` choices; ``top_logprobs``: alternatives per
     token where the request asked for log probabilities (None: it did not); ``prompt_ids``: the conversation's
-    token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not)."""
+    token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not); ``calls``: how its outputs are
+    read for tool calls; ``reasoning``: for thoughts, where the engine has a reasoning parser (``include_reasoning:
+    false`` drops them, and the log probabilities that would show them, as vLLM does)."""
 
     def __init__(
         self,
@@ -192,18 +211,37 @@ class ChatFormat:
         top_logprobs: int | None = None,
         prompt_ids: Sequence[int] | None = None,
         calls: ToolCalls | None = None,
+        reasoning: Reasoning | None = None,
+        include_reasoning: bool = True,
     ) -> None:
-        self.model, self.n, self.top_logprobs = model, n, top_logprobs
+        self.model, self.n = model, n
+        self.top_logprobs = top_logprobs if include_reasoning or reasoning is None else None
         self.prompt_ids = None if prompt_ids is None else list(prompt_ids)
-        self.calls = calls
+        self.calls, self.reasoning, self.include_reasoning = calls, reasoning, include_reasoning
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self._started: set[int] = set()
+        self._readers: dict[int, ReasoningReader] = {}
 
-    def _answer(self, result: GenerationResult) -> tuple[str | None, list[Any], str]:
-        """A choice's content, tool calls and finish reason."""
-        if self.calls is None:
-            return result.text, [], finish_reason(result)
-        return self.calls.answer(result.text, finish_reason(result))
+    def _answer(self, result: GenerationResult) -> tuple[dict[str, str], str | None, list[Any], str]:
+        """A choice's reasoning fields, content, tool calls and finish reason."""
+        thoughts, content, calls, reason = read_output(result, self.calls, self.reasoning)
+        return self._thoughts(thoughts), content, calls, reason
+
+    def _thoughts(self, text: str | None) -> dict[str, str]:
+        """A message's or delta's reasoning fields: vLLM's ``reasoning``, and ``reasoning_content`` (DeepSeek's API,
+        and vLLM's before it), which clients read."""
+        return {"reasoning": text, "reasoning_content": text} if text and self.include_reasoning else {}
+
+    def _delta(self, index: int, delta: GenerationDelta | None, finished: bool) -> tuple[str | None, str]:
+        """The reasoning and the content a stream's delta adds (content is held back where the request gave tools:
+        it is read for calls at the end)."""
+        said, ids = (delta.text, delta.token_ids) if delta is not None else ("", ())
+        thoughts, text = None, said
+        if self.reasoning is not None:
+            if index not in self._readers:
+                self._readers[index] = self.reasoning()
+            thoughts, text = self._readers[index].delta(said, ids, finished)
+        return thoughts, ("" if self.calls is not None else text or "")
 
     def _logprobs(self, tokens: Sequence[TokenLogprob] | None, kind: type[Any]) -> Any:
         if self.top_logprobs is None or tokens is None:
@@ -221,9 +259,9 @@ class ChatFormat:
     def response(self, results: Sequence[GenerationResult]) -> ChatCompletion:
         choices = []
         for i, r in enumerate(results):
-            content, calls, reason = self._answer(r)
+            thoughts, content, calls, reason = self._answer(r)
             extra = {"tool_calls": calls} if calls else {}
-            message = ChatCompletionMessage(role="assistant", content=content, **extra)
+            message = ChatCompletionMessage(role="assistant", content=content, **extra, **thoughts)
             logprobs = self._logprobs(r.logprobs, ChoiceLogprobs)
             choice = ChatChoice(index=i, message=message, finish_reason=reason, logprobs=logprobs, **self._token_ids(r))
             choices.append(choice)
@@ -252,20 +290,30 @@ class ChatFormat:
             choice = ChunkChoice(index=index, delta=role, finish_reason=None, logprobs=None)
             out.append(self._chunk([choice], **self._prompt_ids()))
         ids = self._token_ids(delta)
-        text = delta.text if delta is not None and self.calls is None else ""  # with tools: read at the end
-        if delta is not None and (text or delta.logprobs or ids.get("token_ids")):
-            logprobs = self._logprobs(delta.logprobs, ChunkLogprobs)
-            content = ChoiceDelta(content=text)
-            choice = ChunkChoice(index=index, delta=content, finish_reason=None, logprobs=logprobs, **ids)
-            out.append(self._chunk([choice]))
+        if delta is not None:
+            thoughts, text = self._delta(index, delta, finished=False)
+            out += self._content(index, thoughts, text, delta.logprobs, ids)
         return out
 
+    def _content(
+        self, index: int, thoughts: str | None, text: str, logprobs: Any = None, ids: dict[str, list[int]] | None = None
+    ) -> list[ChatCompletionChunk]:
+        """A chunk with a delta's reasoning and content (either may be empty), where it carries anything."""
+        shown, logprobs = self._thoughts(thoughts), self._logprobs(logprobs, ChunkLogprobs)
+        if not (text or shown or logprobs or (ids and ids.get("token_ids"))):
+            return []
+        delta = ChoiceDelta(**({"content": text} if text or not shown else {}), **shown)
+        choice = ChunkChoice(index=index, delta=delta, finish_reason=None, logprobs=logprobs, **(ids or {}))
+        return [self._chunk([choice])]
+
     def final_chunks(self, index: int, result: GenerationResult) -> list[ChatCompletionChunk]:
-        """The choice's end, with its finish reason; where the request gave tools, its content and tool calls
-        first, whole, in one delta (OpenAI's shape: each call with its index)."""
+        """The choice's end, with its finish reason: first what the reasoning parser held back; where the request
+        gave tools, its content and tool calls, whole, in one delta (OpenAI's shape: each call with its index)."""
         ids = self._token_ids(None)  # every id came with the deltas
-        content, calls, reason = self._answer(result)
         out = self.chunks(index, None)
+        if self.reasoning is not None:
+            out += self._content(index, *self._delta(index, None, finished=True))
+        _, content, calls, reason = self._answer(result)
         if self.calls is not None and (content or calls):
             deltas = [ChoiceDeltaToolCall(index=k, **call.model_dump()) for k, call in enumerate(calls)]
             delta = ChoiceDelta(content=content, **({"tool_calls": deltas} if deltas else {}))

@@ -13,7 +13,8 @@ Handle methods (``handle.<method>.remote(...)``):
   ``handle.options(stream=True)``. They yield ``{"type": "delta", "text", "output_tokens"}`` as tokens come, then
   one ``{"type": "result", ...}`` (the dict ``generate`` returns), or raise if the prompt fails. ``chat`` and
   ``chat_stream`` with ``return_token_ids=True`` add ``token_ids`` (each delta's new ones; the result's all, and
-  its ``prompt_token_ids``); with ``tools``, the result adds ``content`` and ``tool_calls`` (OpenAI's shape).
+  its ``prompt_token_ids``); with ``tools``, the result adds ``content`` and ``tool_calls`` (OpenAI's shape); with
+  the app's ``reasoning_parser``, ``content`` and ``reasoning`` (the model's thoughts).
 - ``stats() -> dict``: the core's statistics and the replica's identity.
 
 Every method takes ``priority`` (vLLM's meaning: lower runs first; interactive calls 0, Ray Data jobs larger)
@@ -38,7 +39,7 @@ from ..core import Generator, parse
 from ..core.generator import succeeded
 from ..engines import GenerationDelta, GenerationRequest, GenerationResult
 from ..errors import RequestError
-from ..openai.chat import ChatCompletionRequest, ChatFormat
+from ..openai.chat import ChatCompletionRequest, ChatFormat, Reasoning, read_output
 from ..openai.common import KeyTenant, OpenAIRequest, Origin, SamplingFields, sse
 from ..openai.completions import CompletionFormat, CompletionRequest
 from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
@@ -58,18 +59,32 @@ api = make_api("token-batching LLM server", "Token-aware admission and batching 
 class Answer:
     """A handle's result dicts for one request: with the prompt's and the generated token ids where asked for
     (chat's ``return_token_ids``); where the request gave tools, its ``content`` and ``tool_calls`` (OpenAI's
-    shape) and the finish reason a chat completion would give."""
+    shape) and the finish reason a chat completion would give; where the engine reads reasoning, ``content`` and
+    ``reasoning`` (None where ``include_reasoning`` is false)."""
 
-    def __init__(self, request: GenerationRequest, token_ids: bool = False, calls: ToolCalls | None = None) -> None:
+    def __init__(
+        self,
+        request: GenerationRequest,
+        token_ids: bool = False,
+        calls: ToolCalls | None = None,
+        reasoning: Reasoning | None = None,
+        include_reasoning: bool = True,
+    ) -> None:
         self.request, self.token_ids, self.calls = request, token_ids, calls
+        self.reasoning, self.include_reasoning = reasoning, include_reasoning
 
     def result(self, result: GenerationResult) -> dict[str, Any]:
         out = result.to_dict()
         if self.token_ids:
             out.update(prompt_token_ids=list(self.request.prompt_token_ids), token_ids=list(result.token_ids))
+        if self.calls is None and self.reasoning is None:
+            return out
+        thoughts, content, calls, reason = read_output(result, self.calls, self.reasoning)
+        out.update(content=content, finish_reason=reason)
         if self.calls is not None:
-            content, calls, reason = self.calls.answer(result.text, out["finish_reason"])
-            out.update(content=content, tool_calls=[call.model_dump() for call in calls], finish_reason=reason)
+            out["tool_calls"] = [call.model_dump() for call in calls]
+        if self.reasoning is not None:
+            out["reasoning"] = thoughts if self.include_reasoning else None
         return out
 
 
@@ -104,7 +119,10 @@ class LLMServer(Replica):
             raise RequestError(f"unknown keyword argument(s): {', '.join(unknown)}", param=unknown[0])
         body = parse(ChatCompletionRequest, {**fields, "messages": messages, "stream": False})
         requests = (await self.core.requests.chat_completion(body))[:1]
-        return requests, Answer(requests[0], bool(body.return_token_ids), self._tool_calls(body))
+        reasoning = self._reasoning(requests[0])
+        return requests, Answer(
+            requests[0], bool(body.return_token_ids), self._tool_calls(body), reasoning, body.include_reasoning
+        )
 
     async def generate(self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any) -> Any:
         """Generate for one prompt; raises if it fails."""
@@ -180,13 +198,22 @@ class LLMServer(Replica):
         body.sent_with(key)
         requests = await self.core.requests.chat_completion(body)
         ids = requests[0].prompt_token_ids if body.return_token_ids else None
-        fmt = ChatFormat(self.config.model_name, body.n, body.logprob_counts()[0], ids, self._tool_calls(body))
+        calls, reasoning = self._tool_calls(body), self._reasoning(requests[0])
+        top = body.logprob_counts()[0]
+        fmt = ChatFormat(self.config.model_name, body.n, top, ids, calls, reasoning, body.include_reasoning)
         return await self._answer(body, requests, fmt)
 
     def _tool_calls(self, body: ChatCompletionRequest) -> ToolCalls | None:
         """How the request's answers are read for tool calls (None: it uses no tools)."""
         parse = self.core.engine.tool_call_reader(body.tool_dicts() or []) if body.tool_mode == "auto" else None
         return ToolCalls.of(body.tool_mode, body.tool_choice, parse)
+
+    def _reasoning(self, request: GenerationRequest) -> Reasoning | None:
+        """New readers of the request's outputs for the model's thoughts, where the engine reads them."""
+        engine = self.core.engine
+        if engine.parsers is None or not engine.parsers.reads_reasoning:
+            return None
+        return lambda: engine.reasoning_reader(request.prompt_token_ids)
 
     @api.post("/tokenize", response_model=TokenizeResponse)
     async def http_tokenize(self, body: TokenizeRequest) -> TokenizeResponse:

@@ -1,0 +1,111 @@
+"""vLLM's output parsers as `vllm serve` uses them (``--tool-call-parser``, ``--reasoning-parser``): the model's
+own tool calls in an output, and a reasoning model's thoughts apart from its answer. Engine-neutral: any engine
+with the model's tokenizer holds one :class:`OutputParsers`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ToolReader = Callable[[str], tuple[str | None, list[tuple[str, str]]]]
+"""An output's content and its calls as ``(name, arguments)``."""
+
+
+def _request(**fields: Any) -> Any:
+    """vLLM's chat request that its parsers read their settings from (the tools, ``include_reasoning``)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": ""}], **fields})
+
+
+class ReasoningReader:
+    """One output's reasoning and content, whole or delta by delta (vLLM's parsers keep state between deltas: one
+    reader per output)."""
+
+    def __init__(self, parser: Any, prompt_token_ids: Sequence[int]) -> None:
+        self._parser, self._prompt = parser, list(prompt_token_ids)
+        self._request = _request()
+        parser.set_prompt_token_ids(self._prompt)
+
+    def split(self, text: str, token_ids: Sequence[int]) -> tuple[str | None, str | None]:
+        """A whole output's reasoning and content (either None where it has none)."""
+        reasoning, content, _ = self._parser.parse(text, self._request, model_output_token_ids=token_ids)
+        return reasoning, content
+
+    def delta(self, text: str, token_ids: Sequence[int], finished: bool = False) -> tuple[str | None, str | None]:
+        """The reasoning and content a stream's next delta adds (the parser may hold text back until it knows which
+        it is; ``finished``: the output's end, where it gives back what it held)."""
+        found = self._parser.parse_delta(text, list(token_ids), self._request, self._prompt, finished=finished)
+        return (None, None) if found is None else (found.reasoning or None, found.content or None)
+
+
+class OutputParsers:
+    """The parsers an app's settings name (``tool_call_parser``, ``reasoning_parser``: vLLM's names), read over the
+    model's tokenizer once it has one (:meth:`over`). A ``ValueError`` naming the setting for a name vLLM does not
+    have, or a tokenizer the parser cannot read, as `vllm serve` fails at start-up."""
+
+    def __init__(self, tool_call_parser: str | None, reasoning_parser: str | None) -> None:
+        self._tools = _tool_parser(tool_call_parser) if tool_call_parser else None
+        self._reasoning = _reasoning_parser(reasoning_parser) if reasoning_parser else None
+        self._names = {"tool_call_parser": tool_call_parser, "reasoning_parser": reasoning_parser}
+        self._tokenizer: Any = None
+
+    def over(self, tokenizer: Any) -> OutputParsers:
+        """These parsers over the model's tokenizer (checked: vLLM's parsers look up their markers in it)."""
+        from vllm.parser import ParserManager
+
+        if self._reasoning is not None:
+            try:
+                ParserManager.validate_parser_tokenizer(self._reasoning, tokenizer)
+            except TypeError as exc:
+                why = f"reasoning_parser: {self._names['reasoning_parser']!r} cannot read this model's output"
+                raise ValueError(f"{why}: {exc.__cause__}") from None
+        self._tokenizer = tokenizer
+        return self
+
+    @property
+    def reads_tool_calls(self) -> bool:
+        return self._tools is not None
+
+    @property
+    def reads_reasoning(self) -> bool:
+        return self._reasoning is not None
+
+    def tool_reader(self, tools: Sequence[dict[str, Any]]) -> ToolReader | None:
+        """A reader of outputs to one request with ``tools`` (OpenAI's definitions); None without a tool parser."""
+        if self._tools is None:
+            return None
+        request = _request(tools=list(tools), tool_choice="auto")
+        instance = self._tools(self._tokenizer, request.tools)
+
+        def read(text: str) -> tuple[str | None, list[tuple[str, str]]]:
+            found = instance.extract_tool_calls(text, request)
+            calls = [(call.function.name, call.function.arguments) for call in found.tool_calls]
+            return (found.content, calls) if found.tools_called else (text, [])
+
+        return read
+
+    def reasoning_reader(self, prompt_token_ids: Sequence[int]) -> ReasoningReader | None:
+        """A reader of one output to the prompt ``prompt_token_ids``; None without a reasoning parser."""
+        return None if self._reasoning is None else ReasoningReader(self._reasoning(self._tokenizer), prompt_token_ids)
+
+
+def _tool_parser(name: str) -> Any:
+    from vllm.tool_parsers import ToolParserManager
+
+    try:
+        return ToolParserManager.get_tool_parser(name)
+    except KeyError:
+        names = ", ".join(sorted(ToolParserManager.list_registered()))
+        raise ValueError(f"tool_call_parser: {name!r} is not one of vLLM's tool parsers ({names})") from None
+
+
+def _reasoning_parser(name: str) -> Any:
+    """vLLM's composed parser with this reasoning parser alone (tool calls are read apart, on the content)."""
+    from vllm.parser import ParserManager
+    from vllm.reasoning import ReasoningParserManager
+
+    if name not in ReasoningParserManager.list_registered():
+        names = ", ".join(ReasoningParserManager.list_registered())
+        raise ValueError(f"reasoning_parser: {name!r} is not one of vLLM's reasoning parsers ({names})")
+    return ParserManager.get_parser(reasoning_parser_name=name)

@@ -1,0 +1,229 @@
+"""vLLM's output parsers (``vllm.reasoning_parser``, ``vllm.tool_call_parser``) reading what a model writes: a
+reasoning model's thoughts apart from its answer, and its own tool calls after them, whole and streamed. The model
+is the SIMULATED engine with the bundled model's tokenizer saying scripted replies (``simulated.replies``), so each
+case knows what was written; the parsers are vLLM's own, over that tokenizer. In the core (unit), and over HTTP and
+handles (serve)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from serve_app.config import AppConfig
+from serve_app.core import Generator
+from serve_app.engines import GenerationResult
+from serve_app.openai.chat import ChatCompletionRequest, ChatFormat
+from serve_app.openai.common import SamplingFields
+from serve_app.openai.tools import ToolCalls
+
+MARK = "__simulated_reply__"
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def call(city: str) -> str:
+    """A call as the bundled template asks the model to write it (hermes' format)."""
+    return f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
+
+
+REPLIES = [
+    "<think>I should greet.</think>Hello there!",
+    f"<think>Weather needed.</think>{call('Paris')}",
+    f"<think>Two cities.</think>{call('Paris')}\n{call('Lyon')}",
+    "Still thinking about it",
+]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+PARSERS = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
+"""Two of vLLM's parsers that read text the bundled tokenizer has no special tokens for (``<think>``,
+``<tool_call>``). Qwen3's reads an output as thoughts until ``</think>`` (its template opens them in the prompt)."""
+
+
+def asking(reply: int, **fields: Any) -> dict[str, Any]:
+    """A chat body whose user message asks the simulated model for ``REPLIES[reply]``."""
+    return {"messages": [{"role": "user", "content": f"Answer {MARK}{reply}"}], "max_tokens": 96, **fields}
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def core(loop):
+    generator = Generator(
+        AppConfig.model_validate(
+            {"engine": "simulated", "simulated": {"tokenizer": True, "replies": REPLIES}, "vllm": PARSERS}
+        )
+    )
+    loop.run_until_complete(generator.start())
+    yield generator
+    loop.run_until_complete(generator.stop())
+
+
+def answered(core: Generator, loop: asyncio.AbstractEventLoop, body: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """The body's chat completion and its stream's chunks (as dicts), read as the chat route reads them."""
+    request = ChatCompletionRequest.model_validate(body)
+    engine = core.engine
+
+    def fmt(prompt_ids: list[int]) -> ChatFormat:
+        parse = engine.tool_call_reader(request.tool_dicts() or []) if request.tool_mode == "auto" else None
+        calls = ToolCalls.of(request.tool_mode, request.tool_choice, parse)
+        top = request.logprob_counts()[0]
+        reader = lambda: engine.reasoning_reader(prompt_ids)  # noqa: E731
+        return ChatFormat(MODEL, 1, top, None, calls, reader, request.include_reasoning)
+
+    async def run() -> tuple[Any, list[Any]]:
+        (whole,) = await core.complete(requests := await core.requests.chat_completion(request))
+        body = fmt(requests[0].prompt_token_ids).response([whole]).model_dump(mode="json", exclude_none=True)
+        streamed = await core.requests.chat_completion(request)
+        chunks, stream = [], fmt(streamed[0].prompt_token_ids)
+        async for index, output in core.run(streamed):
+            final = isinstance(output, GenerationResult)
+            chunks += stream.final_chunks(index, output) if final else stream.chunks(index, output)
+        return body, [c.model_dump(mode="json", exclude_unset=True) for c in chunks]
+
+    return loop.run_until_complete(run())
+
+
+def deltas(chunks: list[dict[str, Any]], key: str) -> str:
+    return "".join(c["choices"][0]["delta"].get(key) or "" for c in chunks if c["choices"])
+
+
+def test_a_reply_asked_for_by_number_is_said_in_the_models_tokens_and_stops_there(core, loop):
+    from transformers import AutoTokenizer
+
+    from serve_app.models import prepare
+
+    tokenizer = AutoTokenizer.from_pretrained(prepare())
+
+    async def run(prompt: str, max_tokens: int) -> tuple[GenerationResult, str]:
+        requests = await core.requests.prompts([prompt], core.requests.sampling(SamplingFields(max_tokens=max_tokens)))
+        said = ""
+        async for _, output in core.run(requests):
+            if isinstance(output, GenerationResult):
+                return output, said
+            said += output.text
+        raise AssertionError("no result")
+
+    whole, said = loop.run_until_complete(run(f"say {MARK}3", 32))
+    assert whole.text == said == REPLIES[3] and whole.finish_reason == "stop"
+    assert list(whole.token_ids) == tokenizer.encode(REPLIES[3], add_special_tokens=False)
+    cut, _ = loop.run_until_complete(run(f"say {MARK}3", 2))
+    assert cut.finish_reason == "length" and cut.output_tokens == 2 and REPLIES[3].startswith(cut.text)
+    echoed, _ = loop.run_until_complete(run(f"say {MARK}9", 3))  # no such reply: the prompt's words
+    assert echoed.text.startswith("[simulated] say") and echoed.finish_reason == "length"
+
+
+def test_thoughts_are_apart_from_the_answer_in_the_body_and_the_stream(core, loop):
+    body, chunks = answered(core, loop, asking(0))
+    message = body["choices"][0]["message"]
+    assert message["content"] == "Hello there!" and body["choices"][0]["finish_reason"] == "stop"
+    assert message["reasoning"] == message["reasoning_content"] == "I should greet."
+    assert deltas(chunks, "reasoning") == deltas(chunks, "reasoning_content") == "I should greet."
+    assert deltas(chunks, "content") == "Hello there!"
+    thinking = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("reasoning")]
+    assert all("content" not in c["choices"][0]["delta"] for c in thinking)  # a thought is no content
+
+    unclosed, unclosed_chunks = answered(core, loop, asking(3))  # thoughts never closed: no answer yet
+    assert unclosed["choices"][0]["message"] == {
+        "role": "assistant",
+        "reasoning": REPLIES[3],
+        "reasoning_content": REPLIES[3],
+    }
+    assert deltas(unclosed_chunks, "reasoning") == REPLIES[3] and not deltas(unclosed_chunks, "content")
+
+    hidden, hidden_chunks = answered(core, loop, asking(0, include_reasoning=False))
+    assert hidden["choices"][0]["message"] == {"role": "assistant", "content": "Hello there!"}
+    assert not deltas(hidden_chunks, "reasoning") and deltas(hidden_chunks, "content") == "Hello there!"
+
+
+@pytest.mark.parametrize("reply, cities", [(1, ["Paris"]), (2, ["Paris", "Lyon"])], ids=["one call", "two calls"])
+def test_the_models_own_calls_after_its_thoughts_are_read_whole_and_streamed(core, loop, reply, cities):
+    body, chunks = answered(core, loop, asking(reply, tools=[WEATHER]))  # tool_choice auto: OpenAI's default
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and "content" not in choice["message"]
+    assert choice["message"]["reasoning"] == REPLIES[reply][len("<think>") : REPLIES[reply].index("</think>")]
+    calls = choice["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": city}) for city in cities
+    ]
+    assert deltas(chunks, "reasoning") == choice["message"]["reasoning"] and not deltas(chunks, "content")
+    (streamed,) = [
+        c["choices"][0]["delta"]["tool_calls"]
+        for c in chunks
+        if c["choices"] and "tool_calls" in c["choices"][0]["delta"]
+    ]
+    assert [(d["index"], d["function"]["name"], json.loads(d["function"]["arguments"])) for d in streamed] == [
+        (k, "get_weather", {"city": city}) for k, city in enumerate(cities)
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_parser_settings_are_checked_as_vllm_serve_checks_them():
+    from serve_app.config import SimulatedSettings
+    from serve_app.engines.parsers import OutputParsers
+    from serve_app.engines.simulated import SimulatedEngine
+    from serve_app.models import prepare
+
+    with pytest.raises(
+        ValueError, match=r"reasoning_parser: 'thinker' is not one of vLLM's reasoning parsers \(.*qwen3"
+    ):
+        OutputParsers(None, "thinker")
+    with pytest.raises(ValueError, match=r"tool_call_parser: 'caller' is not one of vLLM's tool parsers \(.*hermes"):
+        OutputParsers("caller", None)
+    # deepseek_r1 looks for <think> as one token, which the bundled model's tokenizer has not: refused at start-up
+    with pytest.raises(ValueError, match=r"reasoning_parser: 'deepseek_r1' cannot read this model's output: .*think"):
+        SimulatedEngine(SimulatedSettings(tokenizer=True), str(prepare()), OutputParsers(None, "deepseek_r1"))
+
+
+@pytest.fixture(scope="module")
+def app(deploy_app, serve_instance):
+    simulated = {"tokenizer": True, "replies": REPLIES, "step_s": 0.002}
+    return serve_instance + "/parsers", deploy_app("parsers", simulated=simulated, vllm=PARSERS)
+
+
+@pytest.mark.serve
+def test_the_openai_client_and_handles_get_thoughts_and_calls_apart_from_the_answer(app):
+    openai = pytest.importorskip("openai")
+    url, handle = app
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+    message = client.chat.completions.create(model=MODEL, **asking(0)).choices[0].message
+    assert message.content == "Hello there!" and message.model_extra["reasoning_content"] == "I should greet."
+    stream = client.chat.completions.create(model=MODEL, stream=True, **asking(0))
+    pieces = [(c.choices[0].delta.model_extra.get("reasoning_content"), c.choices[0].delta.content) for c in stream]
+    assert (
+        "".join(r or "" for r, _ in pieces) == "I should greet."
+        and "".join(c or "" for _, c in pieces) == "Hello there!"
+    )
+
+    choice = client.chat.completions.create(model=MODEL, tools=[WEATHER], **asking(2)).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.model_extra["reasoning"] == "Two cities."
+    assert [json.loads(c.function.arguments)["city"] for c in choice.message.tool_calls] == ["Paris", "Lyon"]
+    streamed = [
+        call
+        for c in client.chat.completions.create(model=MODEL, tools=[WEATHER], stream=True, **asking(2))
+        for call in (c.choices[0].delta.tool_calls or [])
+    ]
+    assert [(call.index, json.loads(call.function.arguments)["city"]) for call in streamed] == [
+        (0, "Paris"),
+        (1, "Lyon"),
+    ]
+
+    messages = asking(1)["messages"]
+    result = handle.chat.remote(messages, tools=[WEATHER], max_tokens=96).result()
+    assert result["reasoning"] == "Weather needed." and result["content"] is None
+    assert [c["function"]["name"] for c in result["tool_calls"]] == ["get_weather"]
+    assert result["finish_reason"] == "tool_calls"
+    hidden = handle.chat.remote(asking(0)["messages"], max_tokens=96, include_reasoning=False).result()
+    assert hidden["reasoning"] is None and hidden["content"] == "Hello there!" and hidden["text"] == REPLIES[0]
