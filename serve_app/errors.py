@@ -9,7 +9,7 @@ in a stream already under way, ``DeploymentHandle`` callers (who get the excepti
 exception                              status  when
 =====================================  ======  =======================================================
 :class:`RequestError` (``ValueError``)  400     bad input that parsed: no prompts, too long, a field we cannot honour
-:class:`ModelNotFoundError`            404     the request names a model this server does not serve
+:class:`NotFoundError`                 404     the request names a model or a stored response this server lacks
 :class:`GenerationError`               500     the engine failed (or aborted) one prompt of the request
 ``batching.QueueFullError``            503     the replica's queue is full: retry after ``Retry-After``
 ``batching.BatcherStoppedError``       503     the replica is shutting down: retry
@@ -53,7 +53,11 @@ class RequestError(ValueError):
         self.param = param
 
 
-class ModelNotFoundError(RequestError):
+class NotFoundError(RequestError):
+    """What the request names is not here: a model, a stored response (404, as vLLM answers)."""
+
+
+class ModelNotFoundError(NotFoundError):
     """The request names a model this server does not serve (404, as vLLM answers)."""
 
     def __init__(self, message: str) -> None:
@@ -78,7 +82,7 @@ class ErrorKind:
 
 
 ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
-    (ModelNotFoundError, ErrorKind(404)),
+    (NotFoundError, ErrorKind(404)),
     (RequestError, ErrorKind(400)),
     (GenerationError, ErrorKind(500)),
     (QueueFullError, ErrorKind(503, True, "server overloaded, retry later: ")),

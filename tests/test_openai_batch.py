@@ -20,6 +20,7 @@ pytest.importorskip("vllm")  # the batch line and output models are vLLM's
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
+RESPONSES = "/v1/responses"
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 
 
@@ -44,7 +45,7 @@ def served(serve_instance, deploy_app):
 
 def good_lines(triples: int) -> list[dict]:
     """``triples`` requests to each of the three routes, with fields each route takes (greedy, so answers repeat),
-    and two the routes themselves refuse."""
+    one to the Responses API, and three the routes themselves refuse."""
     lines = []
     for i in range(triples):
         chat = {"messages": [{"role": "user", "content": f"question {i} about batches"}], "max_tokens": 3 + i % 3}
@@ -59,6 +60,7 @@ def good_lines(triples: int) -> list[dict]:
         lines.append({"url": COMPLETIONS, "body": completion})
         texts = [f"text {i}", "another text"] if i % 2 else f"one text {i}"
         lines.append({"url": EMBEDDINGS, "body": {"input": texts} | ({"encoding_format": "base64"} if i % 5 else {})})
+    lines.append({"url": RESPONSES, "body": {"input": "a question in a batch", "max_output_tokens": 4}})
     lines = [{"custom_id": f"req-{n}", "method": "POST", **line} for n, line in enumerate(lines)]
     refused = {
         "refused-chat": (CHAT, {"messages": [], "max_tokens": -1}),
@@ -89,7 +91,8 @@ def comparable(body: dict, approx: bool = False) -> dict:
     from serve_app.engines.cpu import cpu_dtype
 
     tolerance = 1e-5 if cpu_dtype() == "float32" else 5e-3
-    out = {k: v for k, v in body.items() if k not in ("id", "created")}
+    out = {k: v for k, v in body.items() if k not in ("id", "created", "created_at")}
+    out["output"] = [{k: v for k, v in item.items() if k != "id"} for item in out.get("output", [])]
     for item in out.get("data", []):
         vector = item.get("embedding")
         if isinstance(vector, str):
@@ -136,7 +139,9 @@ def test_a_batch_file_is_answered_line_for_line_as_the_http_routes_answer(served
     answered = [json.loads(line) for line in out.read_text().splitlines()]
     numbered = [f"requests.jsonl:{n}" for n, text in enumerate(texts) if text]
     assert [a["id"] for a in answered] == numbered  # one line out per request line, in input order
-    assert summary["lines_in"] == summary["lines_out"] == len(good) + len(BAD) == 3 * triples + 3 + 6  # refused, bad
+    assert (
+        summary["lines_in"] == summary["lines_out"] == len(good) + len(BAD) == 3 * triples + 4 + 6
+    )  # responses, refused, bad
     assert summary["duplicate_ids"] == 0
 
     by_custom = {a["custom_id"]: a for a in answered}

@@ -10,17 +10,20 @@ from typing import Any
 import pytest
 from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import completion_create_params as chat_create_params
+from openai.types.responses import response_create_params
 
 from serve_app.openai.chat import ChatCompletionRequest
 from serve_app.openai.completions import CompletionRequest
 from serve_app.openai.embeddings import EmbeddingRequestBody
 from serve_app.openai.fields import OpenAIModel
+from serve_app.openai.responses import ResponsesRequest
 from serve_app.openai.tokenize import DetokenizeRequest, TokenizeRequest
 
 OURS_AND_OPENAIS = [
     (ChatCompletionRequest, chat_create_params.CompletionCreateParamsBase),
     (CompletionRequest, completion_create_params.CompletionCreateParamsBase),
     (EmbeddingRequestBody, embedding_create_params.EmbeddingCreateParams),
+    (ResponsesRequest, response_create_params.ResponseCreateParamsBase),
 ]
 
 

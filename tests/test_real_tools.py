@@ -158,3 +158,54 @@ def test_the_docs_example_runs_as_written_and_a_schema_vllm_cannot_compile_is_a_
             model="SmolLM2-135M-Instruct", messages=ASK, tools=[bad], tool_choice="required", max_tokens=8
         )
     assert refused.value.body["param"] == "tools", refused.value.body
+
+
+def test_the_responses_api_forces_a_call_and_a_schema_and_continues_with_the_tools_answer(real_app):
+    """``/v1/responses`` on the real engine: a required function call valid against its schema, the tool's output
+    continuing the stored response (on the prompt: the whole exchange), and ``text.format`` constraining the
+    answer to a JSON schema."""
+    responses = client(real_app).responses
+    tool = {"type": "function", "name": "get_weather", "parameters": PARAMETERS}
+    first = responses.create(
+        model="SmolLM2-135M-Instruct",
+        input="What is the weather in Paris?",
+        tools=[tool],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=96,
+        temperature=0,
+    )
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "get_weather" and first.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), PARAMETERS)
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees, sunny"}
+    second = responses.create(  # the tools given again, as an agent's loop does (they are not carried over)
+        model="SmolLM2-135M-Instruct", previous_response_id=first.id, input=[answer], tools=[tool], max_output_tokens=24
+    )
+    assert second.output and second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}
+    shaped = responses.create(
+        model="SmolLM2-135M-Instruct",
+        input="Name a French city.",
+        text={"format": {"type": "json_schema", "name": "city", "schema": schema}},
+        max_output_tokens=48,
+    )
+    jsonschema.validate(json.loads(shaped.output_text), schema)
+
+
+def test_the_docs_responses_example_runs_as_written(real_app):
+    """docs/http.md's Responses API example: a response and its follow-up through ``previous_response_id``."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    http_md = (Path(__file__).resolve().parent.parent / "docs" / "http.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", http_md, flags=re.S) if "previous_response_id" in b]
+    example = example.replace("http://localhost:8000", real_app.url)
+    done = subprocess.run(
+        [sys.executable, "-c", example], env=real_app.env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() in (["completed", "True", "True"], ["incomplete", "True", "True"]), done.stdout

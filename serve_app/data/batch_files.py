@@ -35,7 +35,12 @@ from .retries import Retries
 
 logger = logging.getLogger(__name__)
 
-ROUTES = {"/v1/chat/completions": "llm", "/v1/completions": "llm", "/v1/embeddings": "embeddings"}
+ROUTES = {
+    "/v1/chat/completions": "llm",
+    "/v1/completions": "llm",
+    "/v1/responses": "llm",
+    "/v1/embeddings": "embeddings",
+}
 """The urls a batch line may name, and which app (generation or embeddings) answers each."""
 RETRY_STATUSES = frozenset(kind.status for _, kind in ERROR_TABLE if kind.retry)
 """Answers the error table calls retryable (a full queue, a replica restarting): the line is sent again."""

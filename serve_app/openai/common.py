@@ -195,10 +195,11 @@ class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-def sse(payload: Any) -> str:
-    """One Server-Sent Event carrying a JSON payload (a pydantic model or a dict)."""
+def sse(payload: Any, event: str | None = None) -> str:
+    """One Server-Sent Event carrying a JSON payload (a pydantic model or a dict), named where ``event`` is given
+    (the Responses API's events are)."""
     data = payload.model_dump_json(exclude_unset=True) if hasattr(payload, "model_dump_json") else json.dumps(payload)
-    return f"data: {data}\n\n"
+    return f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n"
 
 
 LOGPROB_FLOOR = -9999.0

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -43,10 +43,12 @@ from ..openai.chat import ChatCompletionRequest, ChatFormat, Reasoning, read_out
 from ..openai.common import KeyTenant, OpenAIRequest, Origin, SamplingFields, sse
 from ..openai.completions import CompletionFormat, CompletionRequest
 from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
+from ..openai.responses import ResponsesFormat, ResponsesRequest, answer_turn, responses_error
 from ..openai.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from ..openai.tools import ToolCalls
 from .http import event_stream
 from .replica import Replica, make_api
+from .response_store import response_store, stored
 
 logger = logging.getLogger("serve_app")
 
@@ -198,10 +200,47 @@ class LLMServer(Replica):
         body.sent_with(key)
         requests = await self.core.requests.chat_completion(body)
         ids = requests[0].prompt_token_ids if body.return_token_ids else None
+        return await self._answer(body, requests, self._chat_format(body, requests, ids))
+
+    def _chat_format(
+        self, body: ChatCompletionRequest, requests: list[GenerationRequest], ids: list[int] | None = None
+    ) -> ChatFormat:
         calls, reasoning = self._tool_calls(body), self._reasoning(requests[0])
         top = body.logprob_counts()[0]
-        fmt = ChatFormat(self.config.model_name, body.n, top, ids, calls, reasoning, body.include_reasoning)
-        return await self._answer(body, requests, fmt)
+        return ChatFormat(self.config.model_name, body.n, top, ids, calls, reasoning, body.include_reasoning)
+
+    @api.post("/v1/responses")
+    async def http_responses(self, body: ResponsesRequest, key: KeyTenant) -> Response:
+        """OpenAI's Responses API on the chat path; a stored response (``store``, the default) continues in a
+        request naming it (``previous_response_id``), on any replica."""
+        previous = body.previous_response_id
+        history = (await stored(previous, "previous_response_id"))["conversation"] if previous else []
+        try:
+            chat = parse(ChatCompletionRequest, body.chat_body(history))
+            chat.sent_with(key)
+            requests = await self.core.requests.chat_completion(chat)
+        except RequestError as exc:
+            raise responses_error(exc) from None
+        fmt = ResponsesFormat(body, self._chat_format(chat, requests))
+
+        async def store(results: list[GenerationResult]) -> None:
+            if body.store:
+                final = fmt.response(results)
+                turns = [*history, *body.messages(), answer_turn(final)]
+                await response_store().put.remote(final.model_dump(mode="json", exclude_none=True), turns)
+
+        return await self._answer(chat, requests, fmt, store)
+
+    @api.get("/v1/responses/{response_id}")
+    async def http_get_response(self, response_id: str) -> JSONResponse:
+        """A stored response, as it was sent."""
+        return JSONResponse((await stored(response_id))["response"])
+
+    @api.delete("/v1/responses/{response_id}")
+    async def http_delete_response(self, response_id: str) -> JSONResponse:
+        """Delete a stored response (a 404 where there is none)."""
+        await stored(response_id, delete=True)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     def _tool_calls(self, body: ChatCompletionRequest) -> ToolCalls | None:
         """How the request's answers are read for tool calls (None: it uses no tools)."""
@@ -227,13 +266,21 @@ class LLMServer(Replica):
         return DetokenizeResponse(prompt=await self.core.requests.detokenize(body))
 
     async def _answer(
-        self, body: OpenAIRequest, requests: list[GenerationRequest], fmt: CompletionFormat | ChatFormat
+        self,
+        body: OpenAIRequest,
+        requests: list[GenerationRequest],
+        fmt: CompletionFormat | ChatFormat | ResponsesFormat,
+        finish: Callable[[list[GenerationResult]], Awaitable[None]] | None = None,
     ) -> Response:
         """One JSON body, or (``stream``) Server-Sent Events: each choice's chunks as they come, and an error event
-        (never a finish reason) if a prompt fails."""
+        (never a finish reason) if a prompt fails. ``finish``: awaited once every result is in, before the client
+        sees the end (the Responses API stores its response there)."""
         if not body.stream:
             results = await self.core.complete(requests)
-            return JSONResponse(fmt.response(results).model_dump(mode="json", exclude_none=True))
+            payload = fmt.response(results).model_dump(mode="json", exclude_none=True)
+            if finish is not None:
+                await finish(results)
+            return JSONResponse(payload)
         outputs = self.core.run(requests)  # a full queue is refused here, with a status, before the stream starts
         results: list[Any] = [None] * len(requests)
 
@@ -242,10 +289,12 @@ class LLMServer(Replica):
                 if isinstance(output, GenerationResult):
                     results[index] = succeeded(output, index)
                     chunks = fmt.final_chunks(index, output)
+                    if finish is not None and all(result is not None for result in results):
+                        await finish(results)
                 else:
                     chunks = fmt.chunks(index, output)
                 for chunk in chunks:
-                    yield sse(chunk)
+                    yield sse(chunk, getattr(chunk, "type", None))  # Responses events are named
 
         return event_stream(events(), lambda: fmt.usage_chunk(results) if body.include_usage else None)
 
