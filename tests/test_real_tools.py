@@ -209,3 +209,35 @@ def test_the_docs_responses_example_runs_as_written(real_app):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() in (["completed", "True", "True"], ["incomplete", "True", "True"]), done.stdout
+
+
+def test_the_openai_agents_sdk_calls_a_tool_through_the_responses_api_on_the_real_engine(real_app):
+    """The Agents SDK's default path (the Responses API) with the real model: a required call of a Python function,
+    its arguments valid against the function's schema, run by the SDK (which stops there: the model's later turns
+    are not this test's point; tests/test_agents.py runs whole loops)."""
+    import asyncio
+
+    import agents
+    import openai
+
+    agents.set_tracing_disabled(True)  # tracing would export to OpenAI's servers
+    called: list[dict[str, Any]] = []
+
+    @agents.function_tool
+    def get_weather(city: str, unit: str) -> str:
+        """The weather now in a city, in celsius or fahrenheit."""
+        called.append({"city": city, "unit": unit})
+        return f"21 degrees {unit} in {city}"
+
+    client = openai.AsyncOpenAI(base_url=f"{real_app.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    agent = agents.Agent(
+        name="weather",
+        instructions="Use the tool.",
+        tools=[get_weather],
+        model=agents.OpenAIResponsesModel(model="SmolLM2-135M-Instruct", openai_client=client),
+        model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=96),
+        tool_use_behavior="stop_on_first_tool",
+    )
+    result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=2))
+    (args,) = called
+    assert isinstance(args["city"], str) and result.final_output == f"21 degrees {args['unit']} in {args['city']}"

@@ -144,7 +144,7 @@ class SimulatedSettings(Strict):
     reply_marker: str = Field(
         "__simulated_reply__",
         min_length=1,
-        description="a prompt holding it and a number K is answered with `replies[K]`",
+        description="a prompt holding it and a number K is answered with `replies[K]` (the last K it holds)",
     )
     tokenizer: bool = Field(
         False,

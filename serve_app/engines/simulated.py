@@ -108,11 +108,12 @@ class SimulatedEngine(Engine):
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
     def _script(self, prompt: str) -> list[tuple[str, int]] | None:
-        """The reply a prompt asks for by number (``replies``), as (text, id) tokens; None: it asks for none."""
-        found = re.search(re.escape(self.settings.reply_marker) + r"(\d+)", prompt) if self.settings.replies else None
-        if found is None or int(found.group(1)) >= len(self.settings.replies):
+        """The reply a prompt asks for by number (``replies``; the last it asks for: a conversation's latest turn), as
+        (text, id) tokens; None: it asks for none."""
+        asked = re.findall(re.escape(self.settings.reply_marker) + r"(\d+)", prompt) if self.settings.replies else []
+        if not asked or int(asked[-1]) >= len(self.settings.replies):
             return None
-        reply = self.settings.replies[int(found.group(1))]
+        reply = self.settings.replies[int(asked[-1])]
         if self._tokenizer is None:
             chunks = [reply[i : i + CHARS_PER_TOKEN] for i in range(0, len(reply), CHARS_PER_TOKEN)]
             return [(chunk, sum(chunk.encode())) for chunk in chunks] or None
