@@ -160,6 +160,46 @@ SIMULATED_DEFAULTS: dict[str, Any] = {
 }
 
 
+REPLY = "__simulated_reply__"
+"""What a prompt holds, with a number K, to be answered with ``SCRIPTED["replies"][K]`` (the simulated engine's
+``reply_marker``)."""
+
+
+def weather_call(city: str) -> str:
+    """A call as the bundled template asks the model to write it (hermes' format)."""
+    return f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
+
+
+REPLIES = [
+    "<think>I should greet.</think>Hello there!",
+    f"<think>Weather needed.</think>{weather_call('Paris')}",
+    f"<think>Two cities.</think>{weather_call('Paris')}\n{weather_call('Lyon')}",
+    "Still thinking about it",
+]
+PARSERS = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
+"""Two of vLLM's parsers that read text the bundled tokenizer has no special tokens for (``<think>``,
+``<tool_call>``). Qwen3's reads an output as thoughts until ``</think>`` (its template opens them in the prompt)."""
+SCRIPTED: dict[str, Any] = {
+    "simulated": {"tokenizer": True, "replies": REPLIES, "step_s": 0.002},
+    "vllm": PARSERS,
+}
+"""A SIMULATED app that says scripted replies in the bundled model's tokens, read by vLLM's parsers."""
+
+
+@pytest.fixture(scope="session")
+def scripted_app(serve_instance) -> Iterator[tuple[str, Any]]:
+    """The session's :data:`SCRIPTED` app at ``/scripted`` (its base URL and handle), for the tests of what a model
+    writes (tool calls, reasoning, the Responses API, agent frameworks): one deploy for them all."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    handle = serve.run(build_app(merged(SIMULATED_DEFAULTS, SCRIPTED)), name="scripted", route_prefix="/scripted")
+    yield serve_instance + "/scripted", handle
+    if "scripted" in serve.status().applications:
+        serve.delete("scripted")
+
+
 @pytest.fixture(scope="module")
 def deploy_app(serve_instance):
     """``deploy_app(name, **args)``: run a SIMULATED-engine app at ``/name``; deleted after the module."""

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from .test_parsers import MARK, PARSERS, REPLIES
+from .conftest import REPLY as MARK
 
 pytestmark = pytest.mark.serve
 
@@ -33,10 +33,8 @@ CALLED: list[str] = []
 
 
 @pytest.fixture(scope="module")
-def base_url(deploy_app, serve_instance):
-    simulated = {"tokenizer": True, "replies": REPLIES, "step_s": 0.002}
-    deploy_app("agents", simulated=simulated, vllm=PARSERS)
-    return serve_instance + "/agents/v1"
+def base_url(scripted_app):
+    return scripted_app[0] + "/v1"
 
 
 @pytest.fixture(autouse=True)

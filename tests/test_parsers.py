@@ -19,21 +19,9 @@ from serve_app.openai.chat import ChatCompletionRequest, ChatFormat
 from serve_app.openai.common import SamplingFields
 from serve_app.openai.tools import ToolCalls
 
-MARK = "__simulated_reply__"
+from .conftest import REPLIES, REPLY, SCRIPTED
+
 MODEL = "SmolLM2-135M-Instruct"
-
-
-def call(city: str) -> str:
-    """A call as the bundled template asks the model to write it (hermes' format)."""
-    return f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
-
-
-REPLIES = [
-    "<think>I should greet.</think>Hello there!",
-    f"<think>Weather needed.</think>{call('Paris')}",
-    f"<think>Two cities.</think>{call('Paris')}\n{call('Lyon')}",
-    "Still thinking about it",
-]
 WEATHER = {
     "type": "function",
     "function": {
@@ -41,14 +29,11 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-PARSERS = {"reasoning_parser": "qwen3", "tool_call_parser": "hermes"}
-"""Two of vLLM's parsers that read text the bundled tokenizer has no special tokens for (``<think>``,
-``<tool_call>``). Qwen3's reads an output as thoughts until ``</think>`` (its template opens them in the prompt)."""
 
 
 def asking(reply: int, **fields: Any) -> dict[str, Any]:
     """A chat body whose user message asks the simulated model for ``REPLIES[reply]``."""
-    return {"messages": [{"role": "user", "content": f"Answer {MARK}{reply}"}], "max_tokens": 96, **fields}
+    return {"messages": [{"role": "user", "content": f"Answer {REPLY}{reply}"}], "max_tokens": 96, **fields}
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +45,7 @@ def loop():
 
 @pytest.fixture(scope="module")
 def core(loop):
-    generator = Generator(
-        AppConfig.model_validate(
-            {"engine": "simulated", "simulated": {"tokenizer": True, "replies": REPLIES}, "vllm": PARSERS}
-        )
-    )
+    generator = Generator(AppConfig.model_validate({"engine": "simulated", **SCRIPTED}))
     loop.run_until_complete(generator.start())
     yield generator
     loop.run_until_complete(generator.stop())
@@ -115,12 +96,12 @@ def test_a_reply_asked_for_by_number_is_said_in_the_models_tokens_and_stops_ther
             said += output.text
         raise AssertionError("no result")
 
-    whole, said = loop.run_until_complete(run(f"say {MARK}3", 32))
+    whole, said = loop.run_until_complete(run(f"say {REPLY}3", 32))
     assert whole.text == said == REPLIES[3] and whole.finish_reason == "stop"
     assert list(whole.token_ids) == tokenizer.encode(REPLIES[3], add_special_tokens=False)
-    cut, _ = loop.run_until_complete(run(f"say {MARK}3", 2))
+    cut, _ = loop.run_until_complete(run(f"say {REPLY}3", 2))
     assert cut.finish_reason == "length" and cut.output_tokens == 2 and REPLIES[3].startswith(cut.text)
-    echoed, _ = loop.run_until_complete(run(f"say {MARK}9", 3))  # no such reply: the prompt's words
+    echoed, _ = loop.run_until_complete(run(f"say {REPLY}9", 3))  # no such reply: the prompt's words
     assert echoed.text.startswith("[simulated] say") and echoed.finish_reason == "length"
 
 
@@ -186,16 +167,10 @@ def test_parser_settings_are_checked_as_vllm_serve_checks_them():
         SimulatedEngine(SimulatedSettings(tokenizer=True), str(prepare()), OutputParsers(None, "deepseek_r1"))
 
 
-@pytest.fixture(scope="module")
-def app(deploy_app, serve_instance):
-    simulated = {"tokenizer": True, "replies": REPLIES, "step_s": 0.002}
-    return serve_instance + "/parsers", deploy_app("parsers", simulated=simulated, vllm=PARSERS)
-
-
 @pytest.mark.serve
-def test_the_openai_client_and_handles_get_thoughts_and_calls_apart_from_the_answer(app):
+def test_the_openai_client_and_handles_get_thoughts_and_calls_apart_from_the_answer(scripted_app):
     openai = pytest.importorskip("openai")
-    url, handle = app
+    url, handle = scripted_app
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
     message = client.chat.completions.create(model=MODEL, **asking(0)).choices[0].message

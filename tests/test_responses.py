@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from .test_parsers import MARK, PARSERS, REPLIES
+from .conftest import REPLY as MARK
 
 pytestmark = pytest.mark.serve
 
@@ -23,9 +23,8 @@ WEATHER = {
 
 
 @pytest.fixture(scope="module")
-def app(deploy_app, serve_instance):
-    simulated = {"tokenizer": True, "replies": REPLIES, "step_s": 0.002}
-    return serve_instance + "/responses", deploy_app("responses", simulated=simulated, vllm=PARSERS)
+def app(scripted_app):
+    return scripted_app
 
 
 @pytest.fixture(scope="module")
