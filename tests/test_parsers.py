@@ -60,7 +60,8 @@ def answered(core: Generator, loop: asyncio.AbstractEventLoop, body: dict[str, A
         parse = engine.tool_call_reader(request.tool_dicts() or []) if request.tool_mode == "auto" else None
         calls = ToolCalls.of(request.tool_mode, request.tool_choice, parse)
         top = request.logprob_counts()[0]
-        reader = lambda: engine.reasoning_reader(prompt_ids)  # noqa: E731
+        tools = request.tool_dicts() if request.tool_mode == "auto" else None
+        reader = lambda: engine.output_reader(prompt_ids, tools)  # noqa: E731
         return ChatFormat(MODEL, 1, top, None, calls, reader, request.include_reasoning)
 
     async def run() -> tuple[Any, list[Any]]:
@@ -74,6 +75,21 @@ def answered(core: Generator, loop: asyncio.AbstractEventLoop, body: dict[str, A
         return body, [c.model_dump(mode="json", exclude_unset=True) for c in chunks]
 
     return loop.run_until_complete(run())
+
+
+def assembled(pieces: list[dict[str, Any]]) -> list[tuple[int, str, dict[str, Any]]]:
+    """Streamed pieces of tool calls put together as OpenAI's client does (by ``index``): each call's index, name
+    and parsed arguments. Each call's first piece carries its ``id``, ``type`` and name; the rest, its arguments."""
+    calls: dict[int, dict[str, Any]] = {}
+    for piece in pieces:
+        function = piece.get("function") or {}
+        if piece["index"] not in calls:
+            assert piece.get("id") and piece.get("type") == "function" and function.get("name"), piece
+            calls[piece["index"]] = {"name": function["name"], "arguments": ""}
+        else:
+            assert not piece.get("id") and not function.get("name"), piece
+        calls[piece["index"]]["arguments"] += function.get("arguments") or ""
+    return [(k, call["name"], json.loads(call["arguments"])) for k, call in sorted(calls.items())]
 
 
 def deltas(chunks: list[dict[str, Any]], key: str) -> str:
@@ -139,14 +155,9 @@ def test_the_models_own_calls_after_its_thoughts_are_read_whole_and_streamed(cor
         ("get_weather", {"city": city}) for city in cities
     ]
     assert deltas(chunks, "reasoning") == choice["message"]["reasoning"] and not deltas(chunks, "content")
-    (streamed,) = [
-        c["choices"][0]["delta"]["tool_calls"]
-        for c in chunks
-        if c["choices"] and "tool_calls" in c["choices"][0]["delta"]
-    ]
-    assert [(d["index"], d["function"]["name"], json.loads(d["function"]["arguments"])) for d in streamed] == [
-        (k, "get_weather", {"city": city}) for k, city in enumerate(cities)
-    ]
+    pieces = [piece for c in chunks if c["choices"] for piece in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert assembled(pieces) == [(k, "get_weather", {"city": city}) for k, city in enumerate(cities)]
+    assert len(pieces) > 2 * len(cities)  # the arguments come piece by piece, as the model writes them
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
@@ -186,14 +197,11 @@ def test_the_openai_client_and_handles_get_thoughts_and_calls_apart_from_the_ans
     assert choice.finish_reason == "tool_calls" and choice.message.model_extra["reasoning"] == "Two cities."
     assert [json.loads(c.function.arguments)["city"] for c in choice.message.tool_calls] == ["Paris", "Lyon"]
     streamed = [
-        call
+        call.model_dump(exclude_none=True)
         for c in client.chat.completions.create(model=MODEL, tools=[WEATHER], stream=True, **asking(2))
         for call in (c.choices[0].delta.tool_calls or [])
     ]
-    assert [(call.index, json.loads(call.function.arguments)["city"]) for call in streamed] == [
-        (0, "Paris"),
-        (1, "Lyon"),
-    ]
+    assert assembled(streamed) == [(0, "get_weather", {"city": "Paris"}), (1, "get_weather", {"city": "Lyon"})]
 
     messages = asking(1)["messages"]
     result = handle.chat.remote(messages, tools=[WEATHER], max_tokens=96).result()

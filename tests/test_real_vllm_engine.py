@@ -310,7 +310,7 @@ def test_vllms_reasoning_parser_reads_what_the_real_engine_writes_whole_and_stre
 
     async def run():
         requests = await core.requests.chat(FRANCE, sampling)
-        fmt = ChatFormat("m", reasoning=lambda: parsers.reasoning_reader(requests[0].prompt_token_ids))
+        fmt = ChatFormat("m", reader=lambda: parsers.output_reader(requests[0].prompt_token_ids))
         chunks = []
         async for index, output in core.run(requests):
             final = isinstance(output, GenerationResult)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import EngineDeadError, RequestError
-from .parsers import OutputParsers, ReasoningReader, ToolReader
+from .parsers import OutputParsers, OutputReader, ToolReader
 
 __all__ = [
     "Engine",
@@ -222,9 +222,12 @@ class Engine(abc.ABC):
         """A reader of the model's own tool calls in outputs to a request with ``tools``, where it has one."""
         return None if self.parsers is None else self.parsers.tool_reader(tools)
 
-    def reasoning_reader(self, prompt_token_ids: Sequence[int]) -> ReasoningReader | None:
-        """A reader of a reasoning model's thoughts apart from its answer in one output, where it has one."""
-        return None if self.parsers is None else self.parsers.reasoning_reader(prompt_token_ids)
+    def output_reader(
+        self, prompt_token_ids: Sequence[int], tools: Sequence[dict[str, Any]] | None = None
+    ) -> OutputReader | None:
+        """A reader of one output for a reasoning model's thoughts and (``tools``, ``tool_choice: auto``) the model's
+        own calls as they stream, where it has the parsers (:meth:`OutputParsers.output_reader`)."""
+        return None if self.parsers is None else self.parsers.output_reader(prompt_token_ids, tools)
 
     async def decode(self, token_ids: Sequence[int]) -> str:
         """Text of token ids (prompts given as ids, echoed back); engines with a tokenizer override it."""

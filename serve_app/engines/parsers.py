@@ -18,25 +18,34 @@ def _request(**fields: Any) -> Any:
     return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": ""}], **fields})
 
 
-class ReasoningReader:
-    """One output's reasoning and content, whole or delta by delta (vLLM's parsers keep state between deltas: one
-    reader per output)."""
+class OutputReader:
+    """One output read as `vllm serve` reads it, whole or delta by delta: a reasoning model's thoughts apart from its
+    answer, and, where the request gave tools with ``tool_choice: auto``, the model's own calls as they come
+    (:attr:`reads_calls`). vLLM's composed parser keeps state between deltas: one reader per output."""
 
-    def __init__(self, parser: Any, prompt_token_ids: Sequence[int]) -> None:
-        self._parser, self._prompt = parser, list(prompt_token_ids)
-        self._request = _request()
+    def __init__(self, parser: Any, prompt_token_ids: Sequence[int], request: Any, reads_calls: bool) -> None:
+        self._parser, self._prompt, self._request = parser, list(prompt_token_ids), request
+        self.reads_calls = reads_calls
         parser.set_prompt_token_ids(self._prompt)
 
     def split(self, text: str, token_ids: Sequence[int]) -> tuple[str | None, str | None]:
-        """A whole output's reasoning and content (either None where it has none)."""
+        """A whole output's reasoning and content (either None where it has none; calls are read from the content
+        apart, :meth:`OutputParsers.tool_reader`)."""
         reasoning, content, _ = self._parser.parse(text, self._request, model_output_token_ids=token_ids)
         return reasoning, content
 
-    def delta(self, text: str, token_ids: Sequence[int], finished: bool = False) -> tuple[str | None, str | None]:
-        """The reasoning and content a stream's next delta adds (the parser may hold text back until it knows which
-        it is; ``finished``: the output's end, where it gives back what it held)."""
+    def delta(
+        self, text: str, token_ids: Sequence[int], finished: bool = False
+    ) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+        """The reasoning, content and pieces of tool calls (OpenAI's delta shape: ``index``, the first piece with
+        ``id`` and the function's name, then pieces of its arguments) a stream's next delta adds. The parser may
+        hold text back until it knows which it is; ``finished``: the output's end, where it gives back what it
+        held."""
         found = self._parser.parse_delta(text, list(token_ids), self._request, self._prompt, finished=finished)
-        return (None, None) if found is None else (found.reasoning or None, found.content or None)
+        if found is None:
+            return None, None, []
+        calls = [call.model_dump(exclude_none=True) for call in found.tool_calls]
+        return found.reasoning or None, found.content or None, calls
 
 
 class OutputParsers:
@@ -45,9 +54,19 @@ class OutputParsers:
     have, or a tokenizer the parser cannot read, as `vllm serve` fails at start-up."""
 
     def __init__(self, tool_call_parser: str | None, reasoning_parser: str | None) -> None:
+        from vllm.parser import ParserManager
+
         self._tools = _tool_parser(tool_call_parser) if tool_call_parser else None
-        self._reasoning = _reasoning_parser(reasoning_parser) if reasoning_parser else None
+        if reasoning_parser:
+            _check_reasoning_parser(reasoning_parser)
         self._names = {"tool_call_parser": tool_call_parser, "reasoning_parser": reasoning_parser}
+        # vLLM's composed parsers: the thoughts alone, and (a tool parser named) the thoughts and the calls
+        self._reasoning = ParserManager.get_parser(reasoning_parser_name=reasoning_parser) if reasoning_parser else None
+        self._both = (
+            ParserManager.get_parser(tool_call_parser, reasoning_parser, enable_auto_tools=True)
+            if tool_call_parser
+            else None
+        )
         self._tokenizer: Any = None
 
     def over(self, tokenizer: Any) -> OutputParsers:
@@ -85,9 +104,17 @@ class OutputParsers:
 
         return read
 
-    def reasoning_reader(self, prompt_token_ids: Sequence[int]) -> ReasoningReader | None:
-        """A reader of one output to the prompt ``prompt_token_ids``; None without a reasoning parser."""
-        return None if self._reasoning is None else ReasoningReader(self._reasoning(self._tokenizer), prompt_token_ids)
+    def output_reader(
+        self, prompt_token_ids: Sequence[int], tools: Sequence[dict[str, Any]] | None = None
+    ) -> OutputReader | None:
+        """A reader of one output to the prompt ``prompt_token_ids``: its thoughts, and with ``tools`` (OpenAI's
+        definitions, ``tool_choice: auto``) its calls as they stream; None where these parsers read neither."""
+        if tools and self._both is not None:
+            request = _request(tools=list(tools), tool_choice="auto")
+            return OutputReader(self._both(self._tokenizer, request.tools), prompt_token_ids, request, True)
+        if self._reasoning is None:
+            return None
+        return OutputReader(self._reasoning(self._tokenizer), prompt_token_ids, _request(), False)
 
 
 def _tool_parser(name: str) -> Any:
@@ -100,12 +127,9 @@ def _tool_parser(name: str) -> Any:
         raise ValueError(f"tool_call_parser: {name!r} is not one of vLLM's tool parsers ({names})") from None
 
 
-def _reasoning_parser(name: str) -> Any:
-    """vLLM's composed parser with this reasoning parser alone (tool calls are read apart, on the content)."""
-    from vllm.parser import ParserManager
+def _check_reasoning_parser(name: str) -> None:
     from vllm.reasoning import ReasoningParserManager
 
     if name not in ReasoningParserManager.list_registered():
         names = ", ".join(ReasoningParserManager.list_registered())
         raise ValueError(f"reasoning_parser: {name!r} is not one of vLLM's reasoning parsers ({names})")
-    return ParserManager.get_parser(reasoning_parser_name=name)

@@ -17,7 +17,7 @@ from openai.types.chat.chat_completion_token_logprob import TopLogprob
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
-from ..engines.parsers import ReasoningReader
+from ..engines.parsers import OutputReader
 from . import tools
 from .common import OpenAIRequest, clamp_logprob, new_id, usage
 from .completions import finish_reason
@@ -181,16 +181,17 @@ def token_logprobs(tokens: Sequence[TokenLogprob], top: int) -> list[ChatComplet
     ]
 
 
-Reasoning = Callable[[], ReasoningReader]
-"""A new reader of one output's reasoning (the engine's reasoning parser, over the request's prompt)."""
+Reader = Callable[[], OutputReader]
+"""A new reader of one output (the engine's parsers over the request's prompt and tools: its thoughts, and, streamed,
+the model's own calls)."""
 
 
 def read_output(
-    result: GenerationResult, calls: ToolCalls | None, reasoning: Reasoning | None
+    result: GenerationResult, calls: ToolCalls | None, reader: Reader | None
 ) -> tuple[str | None, str | None, list[Any], str]:
     """An output's reasoning, content, tool calls and finish reason, as vLLM's server reads them: the reasoning
     parser's split first, then the tool calls in the answer after the thoughts."""
-    thoughts, text = reasoning().split(result.text, result.token_ids) if reasoning else (None, result.text)
+    thoughts, text = reader().split(result.text, result.token_ids) if reader else (None, result.text)
     reason = finish_reason(result)
     if calls is None or text is None:
         return thoughts, text, [], reason
@@ -201,8 +202,10 @@ class ChatFormat:
     """``/v1/chat/completions`` bodies for one request with ``n`` choices; ``top_logprobs``: alternatives per
     token where the request asked for log probabilities (None: it did not); ``prompt_ids``: the conversation's
     token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not); ``calls``: how its outputs are
-    read for tool calls; ``reasoning``: for thoughts, where the engine has a reasoning parser (``include_reasoning:
-    false`` drops them, and the log probabilities that would show them, as vLLM does)."""
+    read for tool calls; ``reader``: for thoughts (``include_reasoning: false`` drops them, and the log
+    probabilities that would show them, as vLLM does) and the model's own calls as they stream, where the engine
+    has the parsers. Streamed, content is held back where the request gave tools and the reader does not stream
+    calls (a forced call): it is read whole at the end."""
 
     def __init__(
         self,
@@ -211,20 +214,20 @@ class ChatFormat:
         top_logprobs: int | None = None,
         prompt_ids: Sequence[int] | None = None,
         calls: ToolCalls | None = None,
-        reasoning: Reasoning | None = None,
+        reader: Reader | None = None,
         include_reasoning: bool = True,
     ) -> None:
         self.model, self.n = model, n
-        self.top_logprobs = top_logprobs if include_reasoning or reasoning is None else None
+        self.top_logprobs = top_logprobs if include_reasoning or reader is None else None
         self.prompt_ids = None if prompt_ids is None else list(prompt_ids)
-        self.calls, self.reasoning, self.include_reasoning = calls, reasoning, include_reasoning
+        self.calls, self.reader, self.include_reasoning = calls, reader, include_reasoning
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self._started: set[int] = set()
-        self._readers: dict[int, ReasoningReader] = {}
+        self._readers: dict[int, OutputReader] = {}
 
     def _answer(self, result: GenerationResult) -> tuple[dict[str, str], str | None, list[Any], str]:
         """A choice's reasoning fields, content, tool calls and finish reason."""
-        thoughts, content, calls, reason = read_output(result, self.calls, self.reasoning)
+        thoughts, content, calls, reason = read_output(result, self.calls, self.reader)
         return self._thoughts(thoughts), content, calls, reason
 
     def _thoughts(self, text: str | None) -> dict[str, str]:
@@ -232,16 +235,21 @@ class ChatFormat:
         and vLLM's before it), which clients read."""
         return {"reasoning": text, "reasoning_content": text} if text and self.include_reasoning else {}
 
-    def _delta(self, index: int, delta: GenerationDelta | None, finished: bool) -> tuple[str | None, str]:
-        """The reasoning and the content a stream's delta adds (content is held back where the request gave tools:
-        it is read for calls at the end)."""
+    def _delta(
+        self, index: int, delta: GenerationDelta | None, finished: bool
+    ) -> tuple[str | None, str, list[dict[str, Any]]]:
+        """The reasoning, content and pieces of tool calls a stream's delta adds."""
         said, ids = (delta.text, delta.token_ids) if delta is not None else ("", ())
-        thoughts, text = None, said
-        if self.reasoning is not None:
-            if index not in self._readers:
-                self._readers[index] = self.reasoning()
-            thoughts, text = self._readers[index].delta(said, ids, finished)
-        return thoughts, ("" if self.calls is not None else text or "")
+        if self.reader is None:
+            return None, ("" if self.calls is not None else said), []
+        if index not in self._readers:
+            self._readers[index] = self.reader()
+        reader = self._readers[index]
+        thoughts, text, calls = reader.delta(said, ids, finished)
+        return thoughts, ("" if self.calls is not None and not reader.reads_calls else text or ""), calls
+
+    def _streams_calls(self, index: int) -> bool:
+        return index in self._readers and self._readers[index].reads_calls
 
     def _logprobs(self, tokens: Sequence[TokenLogprob] | None, kind: type[Any]) -> Any:
         if self.top_logprobs is None or tokens is None:
@@ -291,30 +299,39 @@ class ChatFormat:
             out.append(self._chunk([choice], **self._prompt_ids()))
         ids = self._token_ids(delta)
         if delta is not None:
-            thoughts, text = self._delta(index, delta, finished=False)
-            out += self._content(index, thoughts, text, delta.logprobs, ids)
+            thoughts, text, calls = self._delta(index, delta, finished=False)
+            out += self._content(index, thoughts, text, calls, delta.logprobs, ids)
         return out
 
     def _content(
-        self, index: int, thoughts: str | None, text: str, logprobs: Any = None, ids: dict[str, list[int]] | None = None
+        self,
+        index: int,
+        thoughts: str | None,
+        text: str,
+        calls: list[dict[str, Any]],
+        logprobs: Any = None,
+        ids: dict[str, list[int]] | None = None,
     ) -> list[ChatCompletionChunk]:
-        """A chunk with a delta's reasoning and content (either may be empty), where it carries anything."""
+        """A chunk with a delta's reasoning, content and pieces of calls (any may be empty), where it carries
+        anything."""
         shown, logprobs = self._thoughts(thoughts), self._logprobs(logprobs, ChunkLogprobs)
-        if not (text or shown or logprobs or (ids and ids.get("token_ids"))):
+        if not (text or shown or calls or logprobs or (ids and ids.get("token_ids"))):
             return []
-        delta = ChoiceDelta(**({"content": text} if text or not shown else {}), **shown)
+        pieces = {"tool_calls": [ChoiceDeltaToolCall.model_validate(call) for call in calls]} if calls else {}
+        delta = ChoiceDelta(**({"content": text} if text or not (shown or calls) else {}), **shown, **pieces)
         choice = ChunkChoice(index=index, delta=delta, finish_reason=None, logprobs=logprobs, **(ids or {}))
         return [self._chunk([choice])]
 
     def final_chunks(self, index: int, result: GenerationResult) -> list[ChatCompletionChunk]:
-        """The choice's end, with its finish reason: first what the reasoning parser held back; where the request
-        gave tools, its content and tool calls, whole, in one delta (OpenAI's shape: each call with its index)."""
+        """The choice's end, with its finish reason: first what the parsers held back; where the request gave tools
+        and its calls were not streamed, its content and tool calls, whole, in one delta (OpenAI's shape: each
+        call with its index)."""
         ids = self._token_ids(None)  # every id came with the deltas
         out = self.chunks(index, None)
-        if self.reasoning is not None:
+        if self.reader is not None:
             out += self._content(index, *self._delta(index, None, finished=True))
         _, content, calls, reason = self._answer(result)
-        if self.calls is not None and (content or calls):
+        if self.calls is not None and not self._streams_calls(index) and (content or calls):
             deltas = [ChoiceDeltaToolCall(index=k, **call.model_dump()) for k, call in enumerate(calls)]
             delta = ChoiceDelta(content=content, **({"tool_calls": deltas} if deltas else {}))
             out.append(self._chunk([ChunkChoice(index=index, delta=delta, finish_reason=None, logprobs=None)]))

@@ -39,7 +39,7 @@ from ..core import Generator, parse
 from ..core.generator import succeeded
 from ..engines import GenerationDelta, GenerationRequest, GenerationResult
 from ..errors import RequestError
-from ..openai.chat import ChatCompletionRequest, ChatFormat, Reasoning, read_output
+from ..openai.chat import ChatCompletionRequest, ChatFormat, Reader, read_output
 from ..openai.common import KeyTenant, OpenAIRequest, Origin, SamplingFields, sse
 from ..openai.completions import CompletionFormat, CompletionRequest
 from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
@@ -69,23 +69,23 @@ class Answer:
         request: GenerationRequest,
         token_ids: bool = False,
         calls: ToolCalls | None = None,
-        reasoning: Reasoning | None = None,
+        reader: Reader | None = None,
         include_reasoning: bool = True,
     ) -> None:
         self.request, self.token_ids, self.calls = request, token_ids, calls
-        self.reasoning, self.include_reasoning = reasoning, include_reasoning
+        self.reader, self.include_reasoning = reader, include_reasoning
 
     def result(self, result: GenerationResult) -> dict[str, Any]:
         out = result.to_dict()
         if self.token_ids:
             out.update(prompt_token_ids=list(self.request.prompt_token_ids), token_ids=list(result.token_ids))
-        if self.calls is None and self.reasoning is None:
+        if self.calls is None and self.reader is None:
             return out
-        thoughts, content, calls, reason = read_output(result, self.calls, self.reasoning)
+        thoughts, content, calls, reason = read_output(result, self.calls, self.reader)
         out.update(content=content, finish_reason=reason)
         if self.calls is not None:
             out["tool_calls"] = [call.model_dump() for call in calls]
-        if self.reasoning is not None:
+        if self.reader is not None:
             out["reasoning"] = thoughts if self.include_reasoning else None
         return out
 
@@ -121,9 +121,9 @@ class LLMServer(Replica):
             raise RequestError(f"unknown keyword argument(s): {', '.join(unknown)}", param=unknown[0])
         body = parse(ChatCompletionRequest, {**fields, "messages": messages, "stream": False})
         requests = (await self.core.requests.chat_completion(body))[:1]
-        reasoning = self._reasoning(requests[0])
+        reader = self._reader(body, requests[0])
         return requests, Answer(
-            requests[0], bool(body.return_token_ids), self._tool_calls(body), reasoning, body.include_reasoning
+            requests[0], bool(body.return_token_ids), self._tool_calls(body), reader, body.include_reasoning
         )
 
     async def generate(self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any) -> Any:
@@ -205,9 +205,9 @@ class LLMServer(Replica):
     def _chat_format(
         self, body: ChatCompletionRequest, requests: list[GenerationRequest], ids: list[int] | None = None
     ) -> ChatFormat:
-        calls, reasoning = self._tool_calls(body), self._reasoning(requests[0])
+        calls, reader = self._tool_calls(body), self._reader(body, requests[0])
         top = body.logprob_counts()[0]
-        return ChatFormat(self.config.model_name, body.n, top, ids, calls, reasoning, body.include_reasoning)
+        return ChatFormat(self.config.model_name, body.n, top, ids, calls, reader, body.include_reasoning)
 
     @api.post("/v1/responses")
     async def http_responses(self, body: ResponsesRequest, key: KeyTenant) -> Response:
@@ -247,12 +247,14 @@ class LLMServer(Replica):
         parse = self.core.engine.tool_call_reader(body.tool_dicts() or []) if body.tool_mode == "auto" else None
         return ToolCalls.of(body.tool_mode, body.tool_choice, parse)
 
-    def _reasoning(self, request: GenerationRequest) -> Reasoning | None:
-        """New readers of the request's outputs for the model's thoughts, where the engine reads them."""
-        engine = self.core.engine
-        if engine.parsers is None or not engine.parsers.reads_reasoning:
+    def _reader(self, body: ChatCompletionRequest, request: GenerationRequest) -> Reader | None:
+        """New readers of the request's outputs for the model's thoughts and (``tool_choice: auto``) its own calls
+        as they stream, where the engine has the parsers."""
+        engine, tools = self.core.engine, body.tool_dicts() if body.tool_mode == "auto" else None
+        parsers = engine.parsers
+        if parsers is None or not (parsers.reads_reasoning or (tools and parsers.reads_tool_calls)):
             return None
-        return lambda: engine.reasoning_reader(request.prompt_token_ids)
+        return lambda: engine.output_reader(request.prompt_token_ids, tools)
 
     @api.post("/tokenize", response_model=TokenizeResponse)
     async def http_tokenize(self, body: TokenizeRequest) -> TokenizeResponse:

@@ -62,6 +62,7 @@ class ResponsesFormat:
         self._open: dict[str, tuple[int, Any]] = {}  # "reasoning" / "message": output index and item
         self._said = {"reasoning": "", "message": ""}
         self._items: list[Any] = []
+        self._calls: dict[int, dict[str, str]] = {}  # the calls streamed, by index
 
     def _response(self, status: str, output: Sequence[Any], usage: ResponseUsage | None = None) -> Response:
         body = self.body
@@ -140,13 +141,23 @@ class ResponsesFormat:
             started = self._response("in_progress", [])
             out += [self._event(ResponseCreatedEvent, type="response.created", response=started)]
             out += [self._event(ResponseInProgressEvent, type="response.in_progress", response=started)]
-        for chunk in self.chat.chunks(index, delta):
+        return out + self._read(self.chat.chunks(index, delta))
+
+    def _read(self, chunks: Sequence[Any]) -> list[BaseModel]:
+        """Events for the chat path's chunks: their thoughts and text as deltas; pieces of calls put together (a
+        call is an item whole, at the end)."""
+        out = []
+        for chunk in chunks:
             for choice in chunk.choices:
                 thoughts = (choice.delta.model_extra or {}).get("reasoning")
                 if thoughts:
                     out += self._delta("reasoning", thoughts)
                 if choice.delta.content:
                     out += self._delta("message", choice.delta.content)
+                for piece in choice.delta.tool_calls or []:
+                    call = self._calls.setdefault(piece.index, {"id": piece.id, "name": "", "arguments": ""})
+                    call["name"] += piece.function.name or "" if piece.function else ""
+                    call["arguments"] += piece.function.arguments or "" if piece.function else ""
         return out
 
     def _delta(self, kind: str, text: str) -> list[BaseModel]:
@@ -212,21 +223,12 @@ class ResponsesFormat:
     def final_chunks(self, index: int, result: GenerationResult) -> list[BaseModel]:
         """The items still open closed, the function calls as whole items, then ``response.completed`` with the
         Response (``response.incomplete`` where ``max_output_tokens`` cut it)."""
-        out = self.chunks(index, None)
-        calls = []
-        for chunk in self.chat.final_chunks(index, result):
-            for choice in chunk.choices:
-                thoughts = (choice.delta.model_extra or {}).get("reasoning")
-                if thoughts:
-                    out += self._delta("reasoning", thoughts)
-                if choice.delta.content:
-                    out += self._delta("message", choice.delta.content)
-                calls += choice.delta.tool_calls or []
+        out = self.chunks(index, None) + self._read(self.chat.final_chunks(index, result))
         for kind in ("reasoning", "message"):
             if kind in self._open:
                 out += self._close(kind, result.finish_reason)
-        for call in calls:
-            item = self._call_item(call.id, call.function.name, call.function.arguments)
+        for call in (self._calls[k] for k in sorted(self._calls)):
+            item = self._call_item(call["id"], call["name"], call["arguments"])
             for event, kind in (("added", ResponseOutputItemAddedEvent), ("done", ResponseOutputItemDoneEvent)):
                 out.append(
                     self._event(kind, type=f"response.output_item.{event}", output_index=len(self._items), item=item)
