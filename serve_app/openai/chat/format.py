@@ -1,11 +1,11 @@
-"""``POST /v1/chat/completions``: OpenAI's request (plus vLLM's chat extensions), what of it is refused, and its
-response body and stream chunks."""
+"""``POST /v1/chat/completions``'s answers: the response body and the stream's chunks (OpenAI's types), with the
+model's thoughts and its tool calls read from the output."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage, ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import Choice as ChatChoice
@@ -14,153 +14,12 @@ from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
 from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall
 from openai.types.chat.chat_completion_chunk import ChoiceLogprobs as ChunkLogprobs
 from openai.types.chat.chat_completion_token_logprob import TopLogprob
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..engines import GenerationDelta, GenerationResult, TokenLogprob
-from ..engines.parsers import OutputReader
-from . import tools
-from .common import OpenAIRequest, clamp_logprob, new_id, usage
-from .completions import finish_reason
-from .fields import GENERATION_EXTENSIONS, OpenAIModel
-from .tools import ChatTool, MessageToolCall, ToolCalls, ToolChoice
-from .types import Refusal, Text
-
-
-class ContentPart(BaseModel):
-    """One part of a message's content; only text parts can be honoured by a text-only model."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: str
-    text: Text | None = None
-
-
-class ChatMessage(OpenAIModel):
-    """A chat message; ``content`` as a string or a list of parts (OpenAI's two forms)."""
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[ContentPart] | None = None
-    name: Text | None = None
-    tool_calls: list[MessageToolCall] | None = None
-    tool_call_id: Text | None = None
-    refusal: Text | None = None
-
-    def text(self) -> str:
-        """The content as one string (text parts joined); other parts are refused."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text or "" for part in self.content)
-
-    def template_input(self) -> dict[str, Any]:
-        """The message as the chat template takes it: text content, and its tool calls or the call it answers."""
-        out: dict[str, Any] = {"role": self.role, "content": self.text()}
-        if self.tool_calls:
-            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        if self.name is not None:
-            out["name"] = self.name
-        return out
-
-
-def message_refusals(messages: Sequence[ChatMessage]) -> list[Refusal]:
-    """What in chat messages a text-only model cannot take: a content part other than text."""
-    out = []
-    for i, message in enumerate(messages):
-        for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
-            if part.type != "text" or part.text is None:
-                out.append((f"messages[{i}].content[{j}]", f"content part type '{part.type}' is not supported"))
-    return out
-
-
-class ChatCompletionRequest(OpenAIRequest):
-    """OpenAI ``POST /v1/chat/completions``; ``max_completion_tokens`` is ``max_tokens`` under its newer name."""
-
-    VLLM_EXTENSIONS: ClassVar[Mapping[str, Any]] = {
-        **GENERATION_EXTENSIONS,
-        "add_special_tokens": False,
-        "chat_template": None,
-        "documents": None,
-        "echo": False,
-        "media_io_kwargs": None,
-        "mm_processor_kwargs": None,
-        "return_prompt_text": None,
-    }
-
-    messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[ChatTool] | None = None
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    functions: list[dict[str, Any]] | None = None
-    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
-    metadata: dict[str, Text] | None = None
-    store: bool | None = None
-    service_tier: Text | None = None
-    modalities: list[Literal["text", "audio"]] | None = None
-    audio: dict[str, Any] | None = None
-    prediction: dict[str, Any] | None = None
-    reasoning_effort: Text | None = None
-    web_search_options: dict[str, Any] | None = None
-    verbosity: Text | None = None
-    prompt_cache_key: Text | None = None
-    prompt_cache_options: dict[str, Any] | None = None
-    prompt_cache_retention: Text | None = None
-    moderation: dict[str, Any] | None = None
-    safety_identifier: Text | None = None
-    # vLLM's chat extensions
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    include_reasoning: bool = True
-
-    @model_validator(mode="after")
-    def _newer_name(self) -> ChatCompletionRequest:
-        if self.max_completion_tokens is not None:
-            self.max_tokens = self.max_completion_tokens
-        return self
-
-    def refusals(self) -> list[Refusal]:
-        out = super().refusals()
-        if self.top_logprobs and not self.logprobs:
-            out.append(("top_logprobs", "top_logprobs needs logprobs: true"))
-        out += tools.refusals(self.tools, self.tool_choice)
-        formatted = self.response_format is not None and self.response_format.type != "text"
-        if self.tool_mode in ("required", "named") and (formatted or self.structured_outputs):
-            field = "response_format" if formatted else "structured_outputs"
-            out.append((field, f"tool_choice {self.tool_mode!r} is structured output itself: set one of the two"))
-        if self.functions or self.function_call not in (None, "none", "auto"):
-            out.append(("functions", "the deprecated functions are not supported; use tools"))
-        if (self.modalities and "audio" in self.modalities) or self.audio:
-            out.append(("audio", "audio output is not supported"))
-        if self.prediction:
-            out.append(("prediction", "predicted outputs are not supported"))
-        if self.web_search_options:
-            out.append(("web_search_options", "web search is not supported"))
-        if self.moderation:
-            out.append(("moderation", "moderation is not supported by this server"))
-        if not self.add_generation_prompt or self.continue_final_message or self.chat_template_kwargs:
-            out.append(("chat_template_kwargs", "only the default chat template call is supported"))
-        return out + message_refusals(self.messages)
-
-    def logprob_counts(self) -> tuple[int | None, int | None]:
-        return ((self.top_logprobs or 0) if self.logprobs else None), None
-
-    def conversation(self) -> list[dict[str, Any]]:
-        """The messages as the chat template takes them (:meth:`ChatMessage.template_input`)."""
-        return [m.template_input() for m in self.messages]
-
-    @property
-    def tool_mode(self) -> tools.Mode:
-        return tools.mode(self.tools, self.tool_choice)
-
-    def tool_dicts(self) -> list[dict[str, Any]] | None:
-        """The tools for the chat template, with ``tool_choice: none`` too (as vLLM's server renders them)."""
-        return tools.shown(self.tools)
+from ...engines import GenerationDelta, GenerationResult, TokenLogprob
+from ...engines.parsers import OutputReader
+from ..common import clamp_logprob, new_id, usage
+from ..completions import finish_reason
+from ..tools import ToolCalls
 
 
 def _utf8(token: str) -> list[int]:
