@@ -211,10 +211,11 @@ def test_the_docs_responses_example_runs_as_written(real_app):
     assert done.stdout.split() in (["completed", "True", "True"], ["incomplete", "True", "True"]), done.stdout
 
 
-def test_the_openai_agents_sdk_calls_a_tool_through_the_responses_api_on_the_real_engine(real_app):
-    """The Agents SDK's default path (the Responses API) with the real model: a required call of a Python function,
-    its arguments valid against the function's schema, run by the SDK (which stops there: the model's later turns
-    are not this test's point; tests/test_agents.py runs whole loops)."""
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_the_openai_agents_sdk_calls_a_tool_on_the_real_engine(real_app, api):
+    """The Agents SDK's two models (the Responses API, its default, and chat completions) with the real model: a
+    required call of a Python function, its arguments valid against the function's schema, run by the SDK (which
+    stops there: the model's later turns are not this test's point; tests/test_agents.py runs whole loops)."""
     import asyncio
 
     import agents
@@ -230,14 +231,44 @@ def test_the_openai_agents_sdk_calls_a_tool_through_the_responses_api_on_the_rea
         return f"21 degrees {unit} in {city}"
 
     client = openai.AsyncOpenAI(base_url=f"{real_app.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    kind = agents.OpenAIResponsesModel if api == "responses" else agents.OpenAIChatCompletionsModel
     agent = agents.Agent(
         name="weather",
         instructions="Use the tool.",
         tools=[get_weather],
-        model=agents.OpenAIResponsesModel(model="SmolLM2-135M-Instruct", openai_client=client),
+        model=kind(model="SmolLM2-135M-Instruct", openai_client=client),
         model_settings=agents.ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=96),
         tool_use_behavior="stop_on_first_tool",
     )
     result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=2))
     (args,) = called
     assert isinstance(args["city"], str) and result.final_output == f"21 degrees {args['unit']} in {args['city']}"
+
+
+def test_langchain_and_pydantic_ai_get_typed_answers_streams_and_batches_from_the_real_engine(real_app):
+    """LangChain's ``with_structured_output(method="json_schema")``, ``stream`` and ``batch``, and pydantic-ai's typed
+    output (``NativeOutput``: the schema as ``response_format``), on the real model: structured output makes even a
+    135M model's answer valid for the type (room given: it writes long strings)."""
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+    from pydantic_ai import Agent, NativeOutput
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    class City(BaseModel):
+        name: str = Field(max_length=24)
+        country: str = Field(max_length=24)
+
+    llm = ChatOpenAI(model="SmolLM2-135M-Instruct", base_url=f"{real_app.url}/v1", api_key="unused", max_tokens=64)
+    city = llm.with_structured_output(City, method="json_schema").invoke("Name a city in France.")
+    assert isinstance(city, City) and city.name
+    pieces = list(llm.stream("Say hello."))
+    assert len(pieces) > 1 and "".join(piece.content for piece in pieces)
+    answers = llm.batch(["Say hello.", "Say goodbye."])
+    assert len(answers) == 2 and all(answer.content for answer in answers)
+
+    model = OpenAIChatModel(
+        "SmolLM2-135M-Instruct", provider=OpenAIProvider(base_url=f"{real_app.url}/v1", api_key="x")
+    )
+    typed = Agent(model, output_type=NativeOutput(City)).run_sync("Name a city in France.")
+    assert isinstance(typed.output, City) and typed.output.name
