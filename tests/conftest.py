@@ -186,18 +186,12 @@ SCRIPTED: dict[str, Any] = {
 """A SIMULATED app that says scripted replies in the bundled model's tokens, read by vLLM's parsers."""
 
 
-@pytest.fixture(scope="session")
-def scripted_app(serve_instance) -> Iterator[tuple[str, Any]]:
-    """The session's :data:`SCRIPTED` app at ``/scripted`` (its base URL and handle), for the tests of what a model
-    writes (tool calls, reasoning, the Responses API, agent frameworks): one deploy for them all."""
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    handle = serve.run(build_app(merged(SIMULATED_DEFAULTS, SCRIPTED)), name="scripted", route_prefix="/scripted")
-    yield serve_instance + "/scripted", handle
-    if "scripted" in serve.status().applications:
-        serve.delete("scripted")
+@pytest.fixture(scope="module")
+def scripted_app(deploy_app, serve_instance) -> tuple[str, Any]:
+    """The :data:`SCRIPTED` app at ``/scripted`` (its base URL and handle), for a module's tests of what a model
+    writes (tool calls, reasoning, the Responses API, agent frameworks); deleted after the module, as every
+    ``deploy_app`` app is (a session-long one would hold CPUs that later modules' Ray Data jobs count on)."""
+    return serve_instance + "/scripted", deploy_app("scripted", **SCRIPTED)
 
 
 @pytest.fixture(scope="module")
