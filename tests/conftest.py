@@ -13,7 +13,10 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +26,7 @@ from typing import Any
 import pytest
 
 from harness import tiers
+from harness.environment import ROOT
 from harness.launcher import SERVE_RUN_START_S, Server, dashboard_address, healthy, merged, serve_run
 from harness.ports import free_port
 
@@ -293,6 +297,18 @@ class RealApp:
         out = self.server.driver(code, json.dumps(args), timeout_s=timeout_s)
         (line,) = [line for line in out.splitlines() if line.startswith("RESULT ")]
         return json.loads(line.removeprefix("RESULT "))
+
+    def run_example(self, page: str, marker: str) -> str:
+        """Run the Python example of ``page`` (from the project's folder, e.g. ``docs/http.md``) that holds
+        ``marker``, as written but pointed at this app, as a user runs it beside ``make serve``: its output."""
+        text = (ROOT / page).read_text()
+        (example,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if marker in b]
+        example = example.replace("http://localhost:8000", self.url)
+        done = subprocess.run(
+            [sys.executable, "-c", example], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
 
 
 class RealApps:

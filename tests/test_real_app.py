@@ -9,7 +9,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -63,13 +62,9 @@ def test_structured_output_and_generate_logprobs_and_a_400_for_what_vllm_refuses
     ``logprobs`` too; a schema vLLM cannot compile and a token id outside the vocabulary are 400s naming the
     problem (they were 500s: vLLM refused them only once admitted)."""
     openai = pytest.importorskip("openai")
-    url, env = real_app.url, real_app.env
-    http_md = (ROOT / "docs" / "http.md").read_text()
-    (example,) = [b for b in re.findall(r"```python\n(.*?)```", http_md, flags=re.S) if "response_format" in b]
-    example = example.replace("http://localhost:8000", url)
-    result = subprocess.run([sys.executable, "-c", example], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert set(ast.literal_eval(result.stdout.strip())) == {"capital"}, result.stdout
+    url = real_app.url
+    printed = real_app.run_example("docs/http.md", "response_format")
+    assert set(ast.literal_eval(printed.strip())) == {"capital"}, printed
     answer = httpx.post(
         f"{url}/generate",
         json={
@@ -164,14 +159,8 @@ def test_engine_and_replicas_keep_serve_runs_niceness(real_app):
 
 
 def test_readme_deployment_handle_example_runs_as_written(real_app):
-    env = real_app.env  # RAY_ADDRESS names the app's cluster: the session's own runs beside it
-    readme = (ROOT / "README.md").read_text()
-    (example,) = [b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "get_app_handle" in b]
-    result = subprocess.run(
-        [sys.executable, "-c", example], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Paris" in result.stdout
+    # real_app.env: RAY_ADDRESS names the app's cluster (the session's own runs beside it)
+    assert "Paris" in real_app.run_example("README.md", "get_app_handle")
 
 
 def test_openai_client_streams_the_same_answer_it_gives_whole(real_app):

@@ -136,22 +136,12 @@ def test_the_docs_example_runs_as_written_and_a_schema_vllm_cannot_compile_is_a_
     """docs/http.md's tool-calling example prints the call's name and its arguments; a tool whose schema vLLM's
     grammar backend refuses is a 400 naming ``tools`` when a call is forced."""
     import ast
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
 
     import openai
 
-    http_md = (Path(__file__).resolve().parent.parent / "docs" / "http.md").read_text()
-    (example,) = [b for b in re.findall(r"```python\n(.*?)```", http_md, flags=re.S) if "tools=[weather]" in b]
-    example = example.replace("http://localhost:8000", real_app.url)
-    done = subprocess.run(
-        [sys.executable, "-c", example], env=real_app.env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    name, arguments = done.stdout.strip().split(" ", 1)
-    assert name == "get_weather" and set(ast.literal_eval(arguments)) == {"city"}, done.stdout
+    printed = real_app.run_example("docs/http.md", "tools=[weather]")
+    name, arguments = printed.strip().split(" ", 1)
+    assert name == "get_weather" and set(ast.literal_eval(arguments)) == {"city"}, printed
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}
     with pytest.raises(openai.BadRequestError) as refused:
         client(real_app).chat.completions.create(
@@ -196,19 +186,8 @@ def test_the_responses_api_forces_a_call_and_a_schema_and_continues_with_the_too
 
 def test_the_docs_responses_example_runs_as_written(real_app):
     """docs/http.md's Responses API example: a response and its follow-up through ``previous_response_id``."""
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    http_md = (Path(__file__).resolve().parent.parent / "docs" / "http.md").read_text()
-    (example,) = [b for b in re.findall(r"```python\n(.*?)```", http_md, flags=re.S) if "previous_response_id" in b]
-    example = example.replace("http://localhost:8000", real_app.url)
-    done = subprocess.run(
-        [sys.executable, "-c", example], env=real_app.env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() in (["completed", "True", "True"], ["incomplete", "True", "True"]), done.stdout
+    printed = real_app.run_example("docs/http.md", "previous_response_id")
+    assert printed.split() in (["completed", "True", "True"], ["incomplete", "True", "True"]), printed
 
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
