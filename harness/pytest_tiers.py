@@ -1,11 +1,12 @@
 """The test suite's tiers as a pytest plugin (tests/README.md): a test's tier is its marker (``unit`` when it has
 none); tests run tier by tier, the cheapest first; a test that uses a fixture of a tier above its own fails at once,
-naming the marker it needs, and so does one that starts a server, a cluster or an engine through the harness; the
-time each tier took is printed at the end."""
+naming the marker it needs, and so does one that starts a server, a cluster or an engine through the harness; a shared
+session fixture is closed once its last test is done; the time each tier took is printed at the end."""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -16,7 +17,6 @@ GATED_FIXTURES: dict[str, tuple[str, str]] = {
     "serve_instance": ("serve", "the session's Serve cluster"),
     "real_app": ("system", "the real app (serve run serve_config.yaml on vLLM)"),
     "real_app_to_end": ("system", "the real app (serve run serve_config.yaml on vLLM)"),
-    "real_apps": ("system", "the real app (serve run serve_config.yaml on vLLM)"),
     "real_core": ("system", "a vLLM engine in the test process"),
 }
 """Fixtures that start something, by the tier that may use them (and what they start, for the failure)."""
@@ -24,6 +24,12 @@ GATED_FIXTURES: dict[str, tuple[str, str]] = {
 LAST_IN_TIER = ("real_app_to_end", "own_run_to_end")
 """Fixtures of tests that end or disturb what they run on (the session's real app, a `serve run` of their own
 beside it): such tests run after the rest of their tier, when the real app is no longer needed."""
+
+
+SHARED = {"serve_instance": 0, "real_core": 1, "real_apps": 3}
+"""Session fixtures that hold something costly (the session's Serve cluster, a vLLM engine in the test process, the
+real app), by the place their tests take within a tier (tests that use none of them take place 2). Each is closed
+once the last test that uses it is done, so that later tests do not share the cores with it idling."""
 
 
 def tier_of(item: pytest.Item) -> str:
@@ -34,6 +40,20 @@ def tier_of(item: pytest.Item) -> str:
 
 def ends_what_it_runs_on(item: pytest.Item) -> bool:
     return any(name in getattr(item, "fixturenames", ()) for name in LAST_IN_TIER)
+
+
+def uses(item: pytest.Item, shared: str) -> bool:
+    """Whether the item uses the shared fixture: by name, or (the session's cluster) by being a ``serve`` test, which
+    may reach it through a fixture of its module."""
+    return shared in getattr(item, "fixturenames", ()) or (shared == "serve_instance" and tier_of(item) == "serve")
+
+
+def place(item: pytest.Item) -> tuple[int, bool, int]:
+    """Where the item runs: by tier; within one, tests that end what they run on last (in file order), the rest by
+    the first shared fixture they use (:data:`SHARED`)."""
+    ends = ends_what_it_runs_on(item)
+    shared = 0 if ends else min((at for name, at in SHARED.items() if uses(item, name)), default=2)
+    return tiers.rank(tier_of(item)), ends, shared
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,7 +78,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if tier_of(item) == "unit":
             item.add_marker(pytest.mark.unit)
-    items.sort(key=lambda item: (tiers.rank(tier_of(item)), ends_what_it_runs_on(item)))
+    items.sort(key=place)
+
+
+_closers: dict[str, Callable[[], None]] = {}
+_close_after: dict[str, list[str]] = defaultdict(list)
+"""Shared fixtures to close after the teardown of a test, by the test's id."""
+
+
+def close_after_last_use(shared: str, close: Callable[[], None]) -> None:
+    """Have the shared fixture ``shared`` (one of :data:`SHARED`) closed by ``close`` once its last test is done;
+    ``close`` must do nothing when called again (the fixture's own teardown calls it too)."""
+    _closers[shared] = close
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Find each shared fixture's last test, moved to the end of that test's module block, where the fixtures of the
+    module (which may use the shared one) are torn down."""
+    items = session.items
+    _close_after.clear()
+    for shared in SHARED:
+        last = max((at for at, item in enumerate(items) if uses(item, shared)), default=None)
+        if last is None:
+            continue
+        while last + 1 < len(items) and items[last + 1].path == items[last].path:
+            last += 1
+        _close_after[items[last].nodeid].append(shared)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -77,9 +122,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
                 )
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item: pytest.Item) -> None:
-    tiers.current = None
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    """After the test's teardown: no test runs, and the shared fixtures whose last test it was are closed."""
+    try:
+        return (yield)
+    finally:
+        tiers.current = None
+        for shared in _close_after.get(item.nodeid, ()):
+            close = _closers.pop(shared, None)
+            if close is not None:
+                close()
 
 
 _seconds: dict[str, float] = defaultdict(float)

@@ -29,6 +29,7 @@ from harness import tiers
 from harness.environment import ROOT
 from harness.launcher import SERVE_RUN_START_S, Server, dashboard_address, healthy, merged, serve_run
 from harness.ports import free_port
+from harness.pytest_tiers import close_after_last_use
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -150,11 +151,17 @@ def serve_instance():
     port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+
+    def close() -> None:
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+
+    close_after_last_use("serve_instance", close)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        close()
 
 
 SIMULATED_DEFAULTS: dict[str, Any] = {
@@ -190,12 +197,17 @@ SCRIPTED: dict[str, Any] = {
 """A SIMULATED app that says scripted replies in the bundled model's tokens, read by vLLM's parsers."""
 
 
-@pytest.fixture(scope="module")
-def scripted_app(deploy_app, serve_instance) -> tuple[str, Any]:
-    """The :data:`SCRIPTED` app at ``/scripted`` (its base URL and handle), for a module's tests of what a model
-    writes (tool calls, reasoning, the Responses API, agent frameworks); deleted after the module, as every
-    ``deploy_app`` app is (a session-long one would hold CPUs that later modules' Ray Data jobs count on)."""
-    return serve_instance + "/scripted", deploy_app("scripted", **SCRIPTED)
+@pytest.fixture(scope="session")
+def scripted_app(serve_instance) -> tuple[str, Any]:
+    """The :data:`SCRIPTED` app at ``/scripted`` (its base URL and handle), for the tests of what a model writes (tool
+    calls, reasoning, the Responses API, agent frameworks): one for the session, as its replica imports vLLM for the
+    parsers, taking no logical CPU (which later modules' Ray Data jobs count on)."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    config = merged(SIMULATED_DEFAULTS, {**SCRIPTED, "cpus_per_replica": 0})
+    return serve_instance + "/scripted", serve.run(build_app(config), name="scripted", route_prefix="/scripted")
 
 
 @pytest.fixture(scope="module")
@@ -320,6 +332,7 @@ class RealApps:
         self.starts = 0
 
     def get(self) -> RealApp:
+        tiers.require("system", "the real app (serve run serve_config.yaml on vLLM)")
         pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
         if self.app is None or self.app.server.exited():
             self.close()
@@ -348,7 +361,9 @@ class RealApps:
 
 @pytest.fixture(scope="session")
 def real_apps(tmp_path_factory) -> Iterator[RealApps]:
+    """The holder of the session's real app, which starts it on a ``system`` test's first :meth:`RealApps.get`."""
     apps = RealApps(tmp_path_factory.mktemp("real-app"))
+    close_after_last_use("real_apps", apps.close)
     yield apps
     apps.close()
 
@@ -356,7 +371,6 @@ def real_apps(tmp_path_factory) -> Iterator[RealApps]:
 @pytest.fixture
 def real_app(real_apps: RealApps) -> RealApp:
     """The session's real app (generation and embeddings) for a ``system`` test that leaves it as it found it."""
-    tiers.require("system", "the real app (serve run serve_config.yaml on vLLM)")
     return real_apps.get()
 
 
@@ -364,7 +378,6 @@ def real_app(real_apps: RealApps) -> RealApp:
 def real_app_to_end(real_apps: RealApps) -> RealApp:
     """The session's real app for a ``system`` test that may end or disturb it: such tests run after the rest of their
     tier, and the next test that needs the app gets a fresh one if it ended."""
-    tiers.require("system", "the real app (serve run serve_config.yaml on vLLM)")
     return real_apps.get()
 
 
@@ -401,5 +414,13 @@ def real_core(engine_loop):
     # Built in the test process itself, which must not lower its own priority as a replica does.
     core = Generator(AppConfig(vllm={"max_model_len": 1024, "cpu_replica_niceness": 0}))
     engine_loop.run_until_complete(core.start())
+    stopped: list[bool] = []
+
+    def close() -> None:
+        if not stopped:
+            stopped.append(True)
+            engine_loop.run_until_complete(core.stop())
+
+    close_after_last_use("real_core", close)
     yield core
-    engine_loop.run_until_complete(core.stop())
+    close()

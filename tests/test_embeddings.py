@@ -20,8 +20,6 @@ import httpx
 import numpy as np
 import pytest
 
-from harness import tiers
-
 from .conftest import sized, wait_for
 
 MODEL = "all-MiniLM-L6-v2"
@@ -228,12 +226,11 @@ ENGINES = [
 
 
 @pytest.fixture(scope="module", params=ENGINES)
-def served(request) -> Iterator[Served]:
+def served(request, real_apps) -> Iterator[Served]:
     """The padded engine's app beside a simulated generation app at ``/both`` in the session's cluster (one
     deployment, shared by the module's tests); vLLM's, the real app as ``serve run serve_config.yaml`` starts it."""
     if request.param == "vllm":
-        tiers.require("system", "the real app (serve run serve_config.yaml on vLLM)")
-        app = request.getfixturevalue("real_apps").get()
+        app = real_apps.get()
         yield Served(app.url + "/v1", "embeddings", "vllm", lambda name, *args: app.call(f"{__name__}:{name}", *args))
         return
     from ray import serve

@@ -72,3 +72,61 @@ def test_mis_marked_tests_fail_at_once_naming_the_marker_they_need(pytester, mon
     for test, line in summary.items():
         marker = "serve" if test.endswith("serve_cluster") else "system"
         assert f"mark it @pytest.mark.{marker}" in line, line
+
+
+SHARED_CONFTEST = """
+import pytest
+
+from harness.pytest_tiers import close_after_last_use
+
+pytest_plugins = ["harness.pytest_tiers"]
+EVENTS = []
+
+
+@pytest.fixture(scope="session")
+def real_core():
+    EVENTS.append("started")
+    close_after_last_use("real_core", lambda: EVENTS.append("closed"))
+    yield
+"""
+
+USERS = """
+import pytest
+
+from conftest import EVENTS
+
+
+@pytest.mark.system
+def test_a_uses_it(real_core):
+    EVENTS.append("a")
+
+
+@pytest.mark.system
+def test_c_uses_it(real_core):
+    EVENTS.append("c")
+"""
+
+NON_USER = """
+import pytest
+
+from conftest import EVENTS
+
+
+@pytest.mark.system
+def test_b_uses_none():
+    assert EVENTS == ["started", "a", "c", "closed"]
+"""
+
+
+def test_a_shared_fixtures_tests_run_together_and_it_is_closed_after_the_last(pytester, monkeypatch):
+    """``real_core``'s tests run first in their tier, wherever their files sort, and it is closed after them."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeconftest(SHARED_CONFTEST)
+    pytester.makepyfile(test_a_none=NON_USER, test_b_users=USERS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "addopts=", "-v")
+    result.assert_outcomes(passed=3)
+    assert [line.split("::")[1].split()[0] for line in result.stdout.lines if " PASSED" in line] == [
+        "test_a_uses_it",
+        "test_c_uses_it",
+        "test_b_uses_none",
+    ]

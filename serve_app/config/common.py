@@ -130,7 +130,9 @@ class DeploymentConfig(Strict):
     gpus_per_replica: Literal["auto"] | float = Field(
         "auto", description="`auto`: 1 when the Ray cluster has GPUs, else 0; a fraction lets small models share one"
     )
-    cpus_per_replica: float = Field(1.0, gt=0, description="Ray's logical CPUs per replica")
+    cpus_per_replica: float = Field(
+        1.0, ge=0, description="Ray's logical CPUs per replica; 0: it takes none from what Ray Data jobs count on"
+    )
     max_ongoing_requests: int = Field(
         4_096,
         ge=1,
