@@ -121,11 +121,22 @@ def test_a_reply_asked_for_by_number_is_said_in_the_models_tokens_and_stops_ther
     assert echoed.text.startswith("[simulated] say") and echoed.finish_reason == "length"
 
 
+def thought_tokens(text: str) -> int:
+    """How many tokens the bundled model's tokenizer makes of ``text``."""
+    from transformers import AutoTokenizer
+
+    from serve_app.models import prepare
+
+    return len(AutoTokenizer.from_pretrained(prepare()).encode(text, add_special_tokens=False))
+
+
 def test_thoughts_are_apart_from_the_answer_in_the_body_and_the_stream(core, loop):
     body, chunks = answered(core, loop, asking(0))
     message = body["choices"][0]["message"]
     assert message["content"] == "Hello there!" and body["choices"][0]["finish_reason"] == "stop"
     assert message["reasoning"] == message["reasoning_content"] == "I should greet."
+    # usage counts the thoughts' tokens, as vLLM's server does where a reasoning parser reads the output
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": thought_tokens("I should greet.")}
     assert deltas(chunks, "reasoning") == deltas(chunks, "reasoning_content") == "I should greet."
     assert deltas(chunks, "content") == "Hello there!"
     thinking = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("reasoning")]
@@ -141,6 +152,7 @@ def test_thoughts_are_apart_from_the_answer_in_the_body_and_the_stream(core, loo
 
     hidden, hidden_chunks = answered(core, loop, asking(0, include_reasoning=False))
     assert hidden["choices"][0]["message"] == {"role": "assistant", "content": "Hello there!"}
+    assert hidden["usage"] == body["usage"]  # hidden thoughts were still generated, and count
     assert not deltas(hidden_chunks, "reasoning") and deltas(hidden_chunks, "content") == "Hello there!"
 
 

@@ -41,6 +41,7 @@ def test_a_response_and_its_stream_of_events(client):
     assert message.type == "message" and message.role == "assistant" and message.status == "completed"
     assert whole.usage.input_tokens > 0 and 0 < whole.usage.output_tokens <= 64
     assert whole.usage.total_tokens == whole.usage.input_tokens + whole.usage.output_tokens
+    assert 0 < whole.usage.output_tokens_details.reasoning_tokens < whole.usage.output_tokens  # the thoughts'
 
     events = list(client.responses.create(model=MODEL, input=f"Greet me {MARK}0", max_output_tokens=64, stream=True))
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -70,7 +71,16 @@ def test_function_calls_and_their_outputs_continue_a_stored_response(client):
     assert len({c.call_id for c in calls}) == 2
     streamed = list(client.responses.create(model=MODEL, input=f"Again {MARK}2", tools=[WEATHER], stream=True))
     added = [e.item for e in streamed if e.type == "response.output_item.added" and e.item.type == "function_call"]
-    assert [json.loads(item.arguments)["city"] for item in added] == ["Paris", "Lyon"]
+    assert [(item.name, item.arguments, item.status) for item in added] == [("get_weather", "", "in_progress")] * 2
+    pieces = [e for e in streamed if e.type == "response.function_call_arguments.delta"]
+    assert len(pieces) > 2  # the arguments come piece by piece, as the model writes them
+    done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+    assert [e.item_id for e in done] == [item.id for item in added]
+    assert [e.arguments for e in done] == ["".join(p.delta for p in pieces if p.item_id == e.item_id) for e in done]
+    assert [json.loads(e.arguments)["city"] for e in done] == ["Paris", "Lyon"]
+    final = streamed[-1].response
+    assert [(item.type, item.id) for item in final.output[1:]] == [("function_call", item.id) for item in added]
+    assert [item.arguments for item in final.output[1:]] == [e.arguments for e in done]
 
     outputs = [
         {"type": "function_call_output", "call_id": c.call_id, "output": f"sunny in {json.loads(c.arguments)['city']}"}

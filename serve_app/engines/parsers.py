@@ -23,10 +23,17 @@ class OutputReader:
     answer, and, where the request gave tools with ``tool_choice: auto``, the model's own calls as they come
     (:attr:`reads_calls`). vLLM's composed parser keeps state between deltas: one reader per output."""
 
-    def __init__(self, parser: Any, prompt_token_ids: Sequence[int], request: Any, reads_calls: bool) -> None:
+    def __init__(
+        self, parser: Any, prompt_token_ids: Sequence[int], request: Any, reads_calls: bool, reads_reasoning: bool
+    ) -> None:
         self._parser, self._prompt, self._request = parser, list(prompt_token_ids), request
-        self.reads_calls = reads_calls
+        self.reads_calls, self.reads_reasoning = reads_calls, reads_reasoning
         parser.set_prompt_token_ids(self._prompt)
+
+    def reasoning_tokens(self, token_ids: Sequence[int]) -> int | None:
+        """How many of a whole output's tokens are thoughts (vLLM's count, for usage); None where no reasoning
+        parser reads the output."""
+        return self._parser.count_reasoning_tokens(list(token_ids)) if self.reads_reasoning else None
 
     def split(self, text: str, token_ids: Sequence[int]) -> tuple[str | None, str | None]:
         """A whole output's reasoning and content (either None where it has none; calls are read from the content
@@ -111,10 +118,11 @@ class OutputParsers:
         definitions, ``tool_choice: auto``) its calls as they stream; None where these parsers read neither."""
         if tools and self._both is not None:
             request = _request(tools=list(tools), tool_choice="auto")
-            return OutputReader(self._both(self._tokenizer, request.tools), prompt_token_ids, request, True)
+            parser = self._both(self._tokenizer, request.tools)
+            return OutputReader(parser, prompt_token_ids, request, True, self.reads_reasoning)
         if self._reasoning is None:
             return None
-        return OutputReader(self._reasoning(self._tokenizer), prompt_token_ids, _request(), False)
+        return OutputReader(self._reasoning(self._tokenizer), prompt_token_ids, _request(), False, True)
 
 
 def _tool_parser(name: str) -> Any:

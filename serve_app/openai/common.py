@@ -215,8 +215,12 @@ def new_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex}"
 
 
-def usage(results: Sequence[GenerationResult], n: int = 1) -> CompletionUsage:
-    """Token usage: each prompt counted once (every ``n``-th result), every completion counted."""
+def usage(results: Sequence[GenerationResult], n: int = 1, reasoning: int | None = None) -> CompletionUsage:
+    """Token usage: each prompt counted once (every ``n``-th result), every completion counted; ``reasoning``: how
+    many of the completions' tokens were thoughts, where a reasoning parser read them."""
     prompt = sum(r.prompt_tokens for r in results[::n])
     completion = sum(r.output_tokens for r in results)
-    return CompletionUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    details = {} if reasoning is None else {"completion_tokens_details": {"reasoning_tokens": reasoning}}
+    return CompletionUsage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion, **details
+    )

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from openai.types import CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage, ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import Choice as ChatChoice
 from openai.types.chat.chat_completion import ChoiceLogprobs
@@ -138,7 +139,7 @@ class ChatFormat:
             created=self.created,
             model=self.model,
             choices=choices,
-            usage=usage(results, self.n),
+            usage=self._usage(results),
             **self._prompt_ids(),
         )
 
@@ -198,4 +199,9 @@ class ChatFormat:
         return [*out, self._chunk([done])]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> ChatCompletionChunk:
-        return self._chunk([], usage=usage(results, self.n))
+        return self._chunk([], usage=self._usage(results))
+
+    def _usage(self, results: Sequence[GenerationResult]) -> CompletionUsage:
+        """Token usage, with how many were thoughts where the engine reads reasoning (as vLLM's server counts)."""
+        counts = [self.reader().reasoning_tokens(r.token_ids) for r in results] if self.reader else [None]
+        return usage(results, self.n, None if None in counts else sum(counts))

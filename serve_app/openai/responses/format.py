@@ -13,6 +13,8 @@ from openai.types.responses import (
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
     ResponseFunctionToolCall,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
@@ -62,7 +64,7 @@ class ResponsesFormat:
         self._open: dict[str, tuple[int, Any]] = {}  # "reasoning" / "message": output index and item
         self._said = {"reasoning": "", "message": ""}
         self._items: list[Any] = []
-        self._calls: dict[int, dict[str, str]] = {}  # the calls streamed, by index
+        self._calls: dict[int, tuple[int, ResponseFunctionToolCall]] = {}  # calls streaming: output index, item
 
     def _response(self, status: str, output: Sequence[Any], usage: ResponseUsage | None = None) -> Response:
         body = self.body
@@ -93,7 +95,9 @@ class ResponsesFormat:
         """The whole Response (built once: the route stores this one)."""
         if self.final is None:
             (result,) = results
-            message = self.chat.response(results).choices[0].message
+            answer = self.chat.response(results)
+            message = answer.choices[0].message
+            details = answer.usage.completion_tokens_details if answer.usage else None
             thoughts = (message.model_extra or {}).get("reasoning")
             output: list[Any] = []
             if thoughts:
@@ -106,7 +110,7 @@ class ResponsesFormat:
                 input_tokens=result.prompt_tokens,
                 input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
                 output_tokens=result.output_tokens,
-                output_tokens_details={"reasoning_tokens": 0},
+                output_tokens_details={"reasoning_tokens": (details.reasoning_tokens or 0) if details else 0},
                 total_tokens=result.prompt_tokens + result.output_tokens,
             )
             self.final = self._response(status, output, usage)
@@ -123,9 +127,11 @@ class ResponsesFormat:
             id=item_id or _id("msg"), type="message", role="assistant", status=status, content=[part]
         )
 
-    def _call_item(self, call_id: str, name: str, arguments: str) -> ResponseFunctionToolCall:
+    def _call_item(
+        self, call_id: str, name: str, arguments: str, status: str = "completed"
+    ) -> ResponseFunctionToolCall:
         return ResponseFunctionToolCall(
-            id=_id("fc"), type="function_call", call_id=call_id, name=name, arguments=arguments, status="completed"
+            id=_id("fc"), type="function_call", call_id=call_id, name=name, arguments=arguments, status=status
         )
 
     # -- The stream ----------------------------------------------------------------------------------------------
@@ -144,8 +150,7 @@ class ResponsesFormat:
         return out + self._read(self.chat.chunks(index, delta))
 
     def _read(self, chunks: Sequence[Any]) -> list[BaseModel]:
-        """Events for the chat path's chunks: their thoughts and text as deltas; pieces of calls put together (a
-        call is an item whole, at the end)."""
+        """Events for the chat path's chunks: their thoughts, text and calls' arguments as deltas in their items."""
         out = []
         for chunk in chunks:
             for choice in chunk.choices:
@@ -155,10 +160,51 @@ class ResponsesFormat:
                 if choice.delta.content:
                     out += self._delta("message", choice.delta.content)
                 for piece in choice.delta.tool_calls or []:
-                    call = self._calls.setdefault(piece.index, {"id": piece.id, "name": "", "arguments": ""})
-                    call["name"] += piece.function.name or "" if piece.function else ""
-                    call["arguments"] += piece.function.arguments or "" if piece.function else ""
+                    out += self._call_piece(piece)
         return out
+
+    def _call_piece(self, piece: Any) -> list[BaseModel]:
+        """A piece of a function call (OpenAI's chat delta shape): the first opens the call's item, after the
+        thoughts and text before it; each adds to its arguments."""
+        out: list[BaseModel] = []
+        if piece.index not in self._calls:
+            for kind in ("reasoning", "message"):
+                if kind in self._open:
+                    out += self._close(kind)
+            index = len(self._items) + len(self._open) + len(self._calls)
+            name = piece.function.name if piece.function else ""
+            item = self._call_item(piece.id or _id("call"), name or "", "", status="in_progress")
+            self._calls[piece.index] = (index, item)
+            added = self._event(
+                ResponseOutputItemAddedEvent, type="response.output_item.added", output_index=index, item=item
+            )
+            out.append(added.model_copy(deep=True))  # the item grows after the event is sent
+        index, item = self._calls[piece.index]
+        arguments = piece.function.arguments if piece.function else None
+        if arguments:
+            item.arguments += arguments
+            delta = {"item_id": item.id, "output_index": index, "delta": arguments}
+            out.append(
+                self._event(
+                    ResponseFunctionCallArgumentsDeltaEvent, type="response.function_call_arguments.delta", **delta
+                )
+            )
+        return out
+
+    def _close_call(self, key: int) -> list[BaseModel]:
+        index, item = self._calls.pop(key)
+        done = item.model_copy(update={"status": "completed"})
+        self._items.append(done)
+        where = {"item_id": item.id, "output_index": index}
+        return [
+            self._event(
+                ResponseFunctionCallArgumentsDoneEvent,
+                type="response.function_call_arguments.done",
+                arguments=item.arguments,
+                **where,
+            ),
+            self._event(ResponseOutputItemDoneEvent, type="response.output_item.done", output_index=index, item=done),
+        ]
 
     def _delta(self, kind: str, text: str) -> list[BaseModel]:
         out = []
@@ -221,19 +267,14 @@ class ResponsesFormat:
         return out
 
     def final_chunks(self, index: int, result: GenerationResult) -> list[BaseModel]:
-        """The items still open closed, the function calls as whole items, then ``response.completed`` with the
-        Response (``response.incomplete`` where ``max_output_tokens`` cut it)."""
+        """The items still open closed in their order, then ``response.completed`` with the Response
+        (``response.incomplete`` where ``max_output_tokens`` cut it)."""
         out = self.chunks(index, None) + self._read(self.chat.final_chunks(index, result))
-        for kind in ("reasoning", "message"):
-            if kind in self._open:
-                out += self._close(kind, result.finish_reason)
-        for call in (self._calls[k] for k in sorted(self._calls)):
-            item = self._call_item(call["id"], call["name"], call["arguments"])
-            for event, kind in (("added", ResponseOutputItemAddedEvent), ("done", ResponseOutputItemDoneEvent)):
-                out.append(
-                    self._event(kind, type=f"response.output_item.{event}", output_index=len(self._items), item=item)
-                )
-            self._items.append(item)
+        still_open = [(at, kind) for kind, (at, _) in self._open.items()] + [
+            (at, k) for k, (at, _) in self._calls.items()
+        ]
+        for _, key in sorted(still_open):
+            out += self._close(key, result.finish_reason) if isinstance(key, str) else self._close_call(key)
         whole = self.response([result])
         self.final = whole.model_copy(update={"output": self._items})  # the streamed items, with their ids
         if self.final.status == "incomplete":
