@@ -122,6 +122,13 @@ def running(
         server.stop()
 
 
+def vllm_server(model: Path | str, name: str, port: int, *args: str) -> list[str]:
+    """The command of vLLM's OpenAI server serving ``model`` as ``name`` on 127.0.0.1:``port``, with ``args`` after
+    (its module: the ``vllm`` entry point fails on vLLM's CPU build)."""
+    server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    return [*server, "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), *args]
+
+
 # -- `serve run serve_config.yaml` ---------------------------------------------------------------------------------
 
 LLM_APP, EMBEDDINGS_APP = "serve_app.app:build_app", "serve_app.app:build_embeddings_app"

@@ -13,11 +13,11 @@ from typing import Any
 
 from harness import launcher
 from harness.environment import ROOT, offline_env, serve_env, tail
-from harness.launcher import Server
+from harness.launcher import Server, vllm_server
 from harness.ports import free_port
 from serve_app.engines.encoder import bundled_encoder_path
 
-from ..lib.peers import NO_HAPROXY, vllm_server
+from ..lib.peers import NO_HAPROXY
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 PEERS = (

@@ -3,9 +3,7 @@ make a peer's variant, and the environment every peer and client runs with. It i
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 from harness.environment import offline_env
 from serve_app.engines.cpu import cpu_dtype
@@ -22,13 +20,6 @@ def env() -> dict[str, str]:
     """The environment of every peer and client: no hub, no usage reporting, not the caller's Ray cluster, the same
     KV cache."""
     return {**offline_env(), **KV_CACHE}
-
-
-def vllm_server(model: Path | str, name: str, port: int, *args: str) -> list[str]:
-    """The command of vLLM's OpenAI server serving ``model`` as ``name`` on 127.0.0.1:``port``, with ``args`` after
-    (its module: the ``vllm`` entry point fails on vLLM's CPU build)."""
-    server = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
-    return [*server, "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), *args]
 
 
 def serve_until_interrupted() -> None:

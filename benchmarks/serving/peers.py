@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.environment import BIN, ROOT, http_status, serve_env, tail
-from harness.launcher import KEEP, Server, healthy, merged, serve_run, start
+from harness.launcher import KEEP, Server, healthy, merged, serve_run, start, vllm_server
 from harness.ports import free_port
 
-from ..lib.peers import ALL_CORES, DTYPE, KV_CACHE, MODEL_NAME, PYTHON_PROXY, env, serve_until_interrupted, vllm_server
+from ..lib.peers import ALL_CORES, DTYPE, KV_CACHE, MODEL_NAME, PYTHON_PROXY, env, serve_until_interrupted
 
 MAX_MODEL_LEN = 2048
 PEERS = (
