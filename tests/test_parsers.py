@@ -222,3 +222,33 @@ def test_the_openai_client_and_handles_get_thoughts_and_calls_apart_from_the_ans
     assert result["finish_reason"] == "tool_calls"
     hidden = handle.chat.remote(asking(0)["messages"], max_tokens=96, include_reasoning=False).result()
     assert hidden["reasoning"] is None and hidden["content"] == "Hello there!" and hidden["text"] == REPLIES[0]
+
+
+@pytest.mark.serve
+def test_a_ray_data_chat_job_answers_each_conversation_with_the_jobs_tools(scripted_app, tmp_path):
+    """A Ray Data chat job (``serve_app.data.chat``) of a JSON lines file: each row's conversation answered as a chat
+    completion with the job's tools (calls, thoughts and content apart, in their own columns), a conversation with a
+    tool's answer in it taken whole, and an empty one an error row while the rest go on."""
+    from serve_app.data import chat, read
+
+    call = {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    answered = [
+        *asking(1)["messages"],
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call-1", "content": "Sunny"},
+    ]
+    conversations = [asking(2)["messages"], asking(0)["messages"], answered, []]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps({"messages": messages}) + "\n" for messages in conversations))
+    job = chat(read(str(path), id_column="id"), app="scripted", tools=[WEATHER], max_tokens=96, concurrency=2)
+    rows = {row["id"]: row for row in job.take_all()}
+    two, greeting, history, empty = (rows[f"chats.jsonl:{i}"] for i in range(4))
+
+    assert two["finish_reason"] == "tool_calls" and two["reasoning"] == "Two cities." and two["content"] is None
+    assert [json.loads(c["function"]["arguments"])["city"] for c in two["tool_calls"]] == ["Paris", "Lyon"]
+    assert two["text"] == REPLIES[2] and two["error"] is None
+    assert greeting["content"] == "Hello there!" and greeting["tool_calls"] is None
+    assert greeting["reasoning"] == "I should greet." and greeting["finish_reason"] == "stop"
+    assert history["error"] is None and [c["function"]["name"] for c in history["tool_calls"]] == ["get_weather"]
+    assert history["prompt_tokens"] > two["prompt_tokens"]  # the call and the tool's answer are in its prompt
+    assert empty["error"].startswith("invalid: ") and "messages" in empty["error"] and empty["tool_calls"] is None

@@ -1,8 +1,8 @@
 """Tool calling on the real app (`serve run serve_config.yaml`, vLLM and the bundled model, its shipped chat template
 with tools and vLLM's `hermes` parser), as the OpenAI Python client and a DeploymentHandle use it: forced calls
-(``required``, a named function) are valid against the tool's schema whole and streamed, a tool's answer in the
-history is taken, ``auto`` answers either way in a consistent shape, and the template shows the model without tools
-exactly what its own template does."""
+(``required``, a named function) of a strict tool are valid against its schema whole and streamed, a tool's answer
+in the history is taken, ``auto`` answers either way in a consistent shape, and the template shows the model without
+tools exactly what its own template does."""
 
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ PARAMETERS = {
 }
 WEATHER = {
     "type": "function",
-    "function": {"name": "get_weather", "description": "The weather now", "parameters": PARAMETERS},
+    "function": {"name": "get_weather", "description": "The weather now", "parameters": PARAMETERS, "strict": True},
 }
+"""A strict tool (OpenAI's ``strict: true``): vLLM's structural tag holds its calls' arguments to its schema too."""
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
@@ -61,7 +62,11 @@ def test_forced_calls_match_the_tools_schema_whole_and_streamed(real_app, choice
     assert call.type == "function" and call.id and call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), PARAMETERS)
     calls, streamed_reason, content = streamed_calls(client(real_app).chat.completions.create(**args, stream=True))
-    assert calls == [(call.function.name, call.function.arguments)] and streamed_reason == reason and not content
+    # the same call (the whole answer's arguments are the parser's JSON of them, the stream's as the model wrote them)
+    assert [(name, json.loads(arguments)) for name, arguments in calls] == [
+        (call.function.name, json.loads(call.function.arguments))
+    ]
+    assert streamed_reason == reason and not content
     assert whole.usage.prompt_tokens > 150  # the tools' definitions are in the prompt the engine ran
 
 
@@ -133,8 +138,9 @@ def test_a_handle_returns_the_calls_in_openais_shape(real_app):
 
 
 def test_the_docs_example_runs_as_written_and_a_schema_vllm_cannot_compile_is_a_400(real_app):
-    """docs/http.md's tool-calling example prints the call's name and its arguments; a tool whose schema vLLM's
-    grammar backend refuses is a 400 naming ``tools`` when a call is forced."""
+    """docs/http.md's tool-calling example prints the call's name and its arguments; a strict tool whose schema
+    vLLM's grammar backend refuses is a 400 naming ``tools`` when a call is forced (a tool that is not strict
+    leaves its arguments free: its schema is not compiled)."""
     import ast
 
     import openai
@@ -142,7 +148,7 @@ def test_the_docs_example_runs_as_written_and_a_schema_vllm_cannot_compile_is_a_
     printed = real_app.run_example("docs/http.md", "tools=[weather]")
     name, arguments = printed.strip().split(" ", 1)
     assert name == "get_weather" and set(ast.literal_eval(arguments)) == {"city"}, printed
-    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}}}
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "no-such-type"}, "strict": True}}
     with pytest.raises(openai.BadRequestError) as refused:
         client(real_app).chat.completions.create(
             model="SmolLM2-135M-Instruct", messages=ASK, tools=[bad], tool_choice="required", max_tokens=8
@@ -155,7 +161,7 @@ def test_the_responses_api_forces_a_call_and_a_schema_and_continues_with_the_too
     continuing the stored response (on the prompt: the whole exchange), and ``text.format`` constraining the
     answer to a JSON schema."""
     responses = client(real_app).responses
-    tool = {"type": "function", "name": "get_weather", "parameters": PARAMETERS}
+    tool = {"type": "function", "name": "get_weather", "parameters": PARAMETERS, "strict": True}
     first = responses.create(
         model="SmolLM2-135M-Instruct",
         input="What is the weather in Paris?",
@@ -251,3 +257,10 @@ def test_langchain_and_pydantic_ai_get_typed_answers_streams_and_batches_from_th
     )
     typed = Agent(model, output_type=NativeOutput(City)).run_sync("Name a city in France.")
     assert isinstance(typed.output, City) and typed.output.name
+
+
+def test_the_docs_ray_data_chat_job_runs_as_written(real_app):
+    """docs/ray-data.md's chat job on the real model: each row's conversation answered with the job's strict tool,
+    a forced call per row."""
+    printed = real_app.run_example("docs/ray-data.md", "from serve_app.data import chat")
+    assert printed.split() == ["tool_calls", "get_weather"] * 2, printed

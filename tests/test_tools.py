@@ -77,6 +77,67 @@ def test_forced_calls_are_read_from_the_output_and_a_cut_one_stays_content() -> 
     assert ToolCalls("auto").read("plain") == ("plain", [])  # no parser: the output is the content
 
 
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from serve_app.models import prepare
+
+    return AutoTokenizer.from_pretrained(str(prepare()))
+
+
+def accepts(constraint, text: str) -> bool:
+    """Whether a structural tag lets the model write ``text`` (xgrammar's own check, as vLLM's grammar runs it)."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    return _is_grammar_accept_string(xgrammar.Grammar.from_structural_tag(constraint["structural_tag"]), text)
+
+
+def test_forced_calls_are_constrained_in_the_tool_parsers_own_format_as_vllm_forces_them(tokenizer) -> None:
+    """vLLM's composed parser's ``adjust_request`` gives the constraint: hermes forces a call as its own
+    ``<tool_call>`` markup (a structural tag), its arguments held to the schema where the tool is strict (or the
+    ``tool_strict_level`` says so); a parser without such a tag forces vLLM's JSON list of calls."""
+    from serve_app.engines.parsers import OutputParsers
+    from serve_app.openai.tools import ChatTool, output_schema
+
+    hermes = OutputParsers("hermes", None).over(tokenizer)
+    time = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    paris = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    loose = '<tool_call>\n{"name": "get_weather", "arguments": {"town": 1}}\n</tool_call>'
+    other = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    assert hermes.reads_forced_calls
+    required = hermes.tool_constraint([WEATHER, time], "required", None)
+    assert [accepts(required, text) for text in (paris, loose, other, "Sunny")] == [True, True, True, False]
+    named = hermes.tool_constraint([WEATHER, time], {"type": "function", "function": {"name": "get_weather"}}, None)
+    assert [accepts(named, text) for text in (paris, other, "Sunny")] == [True, False, False]
+    assert hermes.tool_constraint([WEATHER], "auto", None) is None  # auto, no strict tool: free text, as vLLM's
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    held = hermes.tool_constraint([strict], "required", None)
+    assert [accepts(held, text) for text in (paris, loose)] == [True, False]
+    assert accepts(hermes.tool_constraint([strict], "auto", None), "Sunny")  # auto: text, or a call as strict
+    pinned = OutputParsers("hermes", None, "parameter").over(tokenizer).tool_constraint([WEATHER], "required", None)
+    assert [accepts(pinned, text) for text in (paris, loose)] == [True, False]
+
+    pythonic = OutputParsers("pythonic", None).over(tokenizer)
+    assert not pythonic.reads_forced_calls
+    expected = output_schema([ChatTool.model_validate(WEATHER)], "required", None)
+    assert json.loads(pythonic.tool_constraint([WEATHER], "required", None)["json"]) == expected
+
+
+def test_a_call_forced_in_the_models_own_format_is_read_by_its_parser(tokenizer) -> None:
+    from serve_app.engines.parsers import OutputParsers
+
+    parse = OutputParsers("hermes", None).over(tokenizer).tool_reader([WEATHER])
+    said = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    for how, name, reason in (("required", None, "tool_calls"), ("named", "get_weather", "stop")):
+        content, calls, finish = ToolCalls(how, name, parse).answer(said, "stop")
+        assert not content and finish == reason
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            ("get_weather", {"city": "Paris"})
+        ]
+
+
 def test_the_answer_and_its_stream_carry_the_calls_in_openais_shape() -> None:
     text = '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'
     fmt = ChatFormat("m", calls=ToolCalls("required"))

@@ -94,7 +94,14 @@ class VLLMSettings(Strict):
         None,
         description="vLLM's parser of the model's own tool-call format (`vllm serve --tool-call-parser`, e.g. "
         "`hermes`): chat requests with tools and `tool_choice: auto` (OpenAI's default) need it; `required` and a "
-        "named function do not (structured output)",
+        "named function do not (structured output). With it, a forced call is made and read in the model's own "
+        "format where vLLM's parser does so (hermes: a structural tag), else as vLLM's JSON list of calls",
+    )
+    tool_strict_level: Literal["auto", "function", "parameter"] = Field(
+        "auto",
+        description="how far vLLM's tool parser constrains calls (`vllm serve --tool-strict-level`): `auto`, the "
+        "call's envelope where `tool_choice` forces one and a tool's arguments where it says `strict: true`; "
+        "`function`, the envelope of every call; `parameter`, every tool's arguments too, as if each were strict",
     )
     reasoning_parser: str | None = Field(
         None,

@@ -36,12 +36,12 @@ def freeze_startup_heap() -> float:
     return took
 
 
-def check_batch(values: Any, field: str, noun: str, limit: int) -> None:
-    """A request's batch of inputs (``field``: its name, ``noun``: what it holds) is a list, not empty, and at
-    most ``limit`` long."""
+def check_batch(values: Any, field: str, noun: str, limit: int, of: str = "strings") -> None:
+    """A request's batch of inputs (``field``: its name, ``noun``: what it holds, ``of``: what each is) is a list,
+    not empty, and at most ``limit`` long."""
     if isinstance(values, str) or not isinstance(values, (list, tuple)):
         got = "a single string" if isinstance(values, str) else type(values).__name__
-        raise RequestError(f"{field} must be a list of strings, got {got}", param=field)
+        raise RequestError(f"{field} must be a list of {of}, got {got}", param=field)
     if not values:
         raise RequestError(f"no {noun} provided", param=field)
     if len(values) > limit:

@@ -20,10 +20,10 @@ from batching import ContinuousBatcher, TokenBatcher
 
 from ..config import BatcherSettings, EmbeddingConfig
 from ..engines.embedding import EmbeddingRequest, build_embedding_engine
-from ..errors import GenerationError, RequestError
+from ..errors import GenerationError
 from .base import Core, Observer
 from .inputs import InputBuilder
-from .rows import embedding_error_row
+from .rows import answer_rows, embedding_error_row
 
 Outcome = list[float] | BaseException
 
@@ -98,24 +98,16 @@ class Embedder(Core[EmbeddingConfig, BatcherSettings]):
 
     async def rows(self, texts: Sequence[Any], truncate: int | None = None) -> list[dict[str, Any]]:
         """One dict per input (``embedding``, ``tokens``, ``error``): a bad or failed input fails alone."""
-        rows = await self.inputs.rows(texts, truncate)
-        valid = [row for row in rows if isinstance(row, EmbeddingRequest)]
-        outcomes = iter(await self.run(valid) if valid else [])
-        out = []
-        for row in rows:
-            if isinstance(row, RequestError):
-                out.append(embedding_error_row(f"invalid: {row}"))
-                continue
-            outcome = next(outcomes)
+
+        def answer(request: EmbeddingRequest, outcome: Any) -> dict[str, Any]:
             failed = isinstance(outcome, BaseException)
-            out.append(
-                {
-                    "embedding": None if failed else outcome,
-                    "tokens": len(row.token_ids),
-                    "error": f"{type(outcome).__name__}: {outcome}" if failed else None,
-                }
-            )
-        return out
+            return {
+                "embedding": None if failed else outcome,
+                "tokens": len(request.token_ids),
+                "error": f"{type(outcome).__name__}: {outcome}" if failed else None,
+            }
+
+        return await answer_rows(await self.inputs.rows(texts, truncate), self.run, answer, embedding_error_row)
 
     def stats(self) -> dict[str, Any]:
         """The core's statistics, with the engine's device, what it computes in and the vectors' dimensions."""

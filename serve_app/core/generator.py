@@ -31,11 +31,11 @@ from ..engines import (
     build_engine,
     progress,
 )
-from ..errors import GenerationError, RequestError
+from ..errors import GenerationError
 from ..openai.common import Origin, SamplingFields
 from .base import Core, Observer
 from .requests import INTERACTIVE, RequestBuilder, parse
-from .rows import generation_error_row
+from .rows import answer_rows, generation_error_row
 from .streams import FutureStream, merge
 
 FATAL = (EngineDeadError, BatcherStoppedError)
@@ -137,9 +137,4 @@ class Generator(Core[AppConfig, BatcherSettings]):
         prompt that is refused or fails gets its ``error`` in its own row; the others go on."""
         fields = sampling if isinstance(sampling, SamplingFields) else parse(SamplingFields, sampling)
         rows = await self.requests.rows(prompts, self.requests.sampling(fields), origin=origin)
-        valid = [row for row in rows if isinstance(row, GenerationRequest)]
-        results = iter(await self.results(valid) if valid else [])
-        return [
-            generation_error_row(f"invalid: {row}") if isinstance(row, RequestError) else next(results).to_dict()
-            for row in rows
-        ]
+        return await answer_rows(rows, self.results, lambda _, result: result.to_dict(), generation_error_row)

@@ -240,14 +240,30 @@ class RequestBuilder:
         if how == "auto" and not self.engine.reads_tool_calls:
             why = "tool_choice 'auto' (the default with tools) needs the app's vllm.tool_call_parser setting"
             raise RequestError(f"{why}; 'none', 'required' or a named function do not", param="tool_choice")
-        if how in ("required", "named"):
-            if not self.engine.structures_outputs:
-                why = f"tool_choice {how!r} is structured output, which the {self.engine.name} engine cannot do"
-                raise RequestError(why, param="tool_choice")
-            schema = tools.output_schema(body.tools or [], body.tool_choice, body.parallel_tool_calls)
-            sampling = replace(sampling, structured_outputs=StructuredOutputs(json=json.dumps(schema)))
-            self._check_engine(sampling, "tools")  # the schema is the tools' parameters: a refusal names them
+        constraint = self._tool_constraint(body, sampling)
+        if constraint is not None:
+            sampling = replace(sampling, structured_outputs=constraint)
+            self._check_engine(sampling, "tools")  # the constraint is the tools' parameters: a refusal names them
         return await self.chat(body.conversation(), sampling, body.n, body.origin, body.tool_dicts())
+
+    def _tool_constraint(self, body: ChatCompletionRequest, sampling: SamplingOptions) -> StructuredOutputs | None:
+        """What a request's tools make its output match, as vLLM's server does: a forced call in the model's own
+        format or as vLLM's JSON list of calls (the tool parser's choice; vLLM's JSON without a parser), and in
+        ``auto``, strict tools' calls where the request asks for no other structure; None: free text."""
+        how, engine = body.tool_mode, self.engine
+        if how == "none" or not engine.structures_outputs:
+            if how in ("required", "named"):
+                why = f"tool_choice {how!r} is structured output, which the {engine.name} engine cannot do"
+                raise RequestError(why, param="tool_choice")
+            return None
+        if how == "auto" and sampling.structured_outputs is not None:
+            return None
+        choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, tools.NamedToolChoice) else how
+        found = engine.tool_constraint(body.tool_dicts() or [], choice, body.parallel_tool_calls)
+        if found is not None or how == "auto":
+            return found
+        schema = tools.output_schema(body.tools or [], body.tool_choice, body.parallel_tool_calls)
+        return StructuredOutputs(json=json.dumps(schema))
 
     def _request(
         self, token_ids: list[int], text: str, sampling: SamplingOptions, what: str, origin: Origin

@@ -7,6 +7,10 @@
     out = generate(ds, app="llm", prompt_column="prompt", max_tokens=64)   # lazy; one row out per row in
     out.write_json("out/")
 
+Conversations go through the same app as chat completions (``chat``): a ``messages`` column (OpenAI's messages,
+a list or JSON text) and the same chat fields for every row (``tools=[...]``, ``tool_choice``, ``max_tokens``); each
+row gains ``content``, ``tool_calls`` and ``reasoning`` beside a generation's columns.
+
 Embedding a corpus works the same way through the embedding app (``embed``), or in process
 (``InProcessEmbed``): each row gains ``embedding`` (a list of floats; null where it failed), ``tokens`` and
 ``error``, and ``write_parquet`` stores the vectors as a list column.
@@ -30,10 +34,12 @@ if TYPE_CHECKING:
         DEFAULT_BATCH_SIZE,
         EMBED_BATCH_SIZE,
         RowFailedError,
+        ServeChat,
         ServeEmbed,
         ServeGenerate,
         actor_pool,
         app_capacity,
+        chat,
         embed,
         generate,
         job_blocks,
@@ -47,10 +53,12 @@ __all__ = [
     "InProcessEmbed",
     "InProcessGenerate",
     "RowFailedError",
+    "ServeChat",
     "ServeEmbed",
     "ServeGenerate",
     "actor_pool",
     "app_capacity",
+    "chat",
     "checkpointed",
     "embed",
     "generate",

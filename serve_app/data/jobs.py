@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..config import DATA_PRIORITY
-from ..core.rows import embedding_error_row, generation_error_row
+from ..core.rows import chat_error_row, embedding_error_row, generation_error_row
 from .progress import report
 from .resume import checkpointed
 from .retries import Retries
-from .rows import EMBED_COLUMNS, GENERATE_COLUMNS, generate_columns, rows_out, texts
+from .rows import CHAT_COLUMNS, EMBED_COLUMNS, GENERATE_COLUMNS, conversations, generate_columns, rows_out, texts
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,12 @@ class _ServeRows:
         self.fail_fast = fail_fast
         self.progress = progress
 
+    def inputs(self, batch: dict[str, np.ndarray]) -> list[Any]:
+        """The batch's inputs as the handle method takes them: its column's texts."""
+        return texts(batch, self.column)
+
     async def __call__(self, batch: dict[str, np.ndarray]) -> Any:
-        results = await self._results(texts(batch, self.column))
+        results = await self._results(self.inputs(batch))
         report(self.progress, results, self.tokens_key)
         if self.fail_fast:
             for result in results:
@@ -93,7 +97,7 @@ class _ServeRows:
                     raise RowFailedError(result["error"])
         return rows_out(batch, results, self.columns)
 
-    async def _results(self, values: list[str]) -> list[dict[str, Any]]:
+    async def _results(self, values: list[Any]) -> list[dict[str, Any]]:
         """One result per value; the call retried while its failure is retryable."""
         try:
             return await self.retries.call(lambda: self.call.remote(values, **self.options))
@@ -126,6 +130,30 @@ class ServeGenerate(_ServeRows):
     ) -> None:
         super().__init__(app, deployment, prompt_column, sampling, **options)
         self.columns = generate_columns(sampling)
+
+
+class ServeChat(_ServeRows):
+    """Each batch's conversations go to the generation app as one ``chat_batch`` request, with the same chat fields
+    (``fields``: tools, ``tool_choice``, sampling, ...); see :class:`_ServeRows` for the other arguments."""
+
+    method: ClassVar[str] = "chat_batch"
+    tokens_key: ClassVar[str] = "output_tokens"
+    columns: dict[str, Any] = CHAT_COLUMNS
+    error_row = staticmethod(chat_error_row)
+
+    def __init__(
+        self,
+        app: str = "llm",
+        deployment: str = "LLMServer",
+        messages_column: str = "messages",
+        fields: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, deployment, messages_column, fields, **options)
+
+    def inputs(self, batch: dict[str, np.ndarray]) -> list[Any]:
+        """The batch's conversations (lists of message dicts)."""
+        return conversations(batch, self.column)
 
 
 class ServeEmbed(_ServeRows):
@@ -227,6 +255,36 @@ def generate(
     kwargs["progress"] = progress
     job = Job(concurrency, batch_size, actors, fail_fast, max_retries, checkpoint, id_column)
     return _through_app(ds, ServeGenerate, kwargs, job)
+
+
+def chat(
+    ds: Any,
+    *,
+    app: str = "llm",
+    deployment: str = "LLMServer",
+    messages_column: str = "messages",
+    concurrency: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    actors: int | None = None,
+    fail_fast: bool = False,
+    max_retries: int = 6,
+    priority: int = DATA_PRIORITY,
+    tenant: str | None = None,
+    checkpoint: str | Path | None = None,
+    id_column: str = "id",
+    progress: Any = None,
+    **fields: Any,
+) -> Any:
+    """Stream ``ds``'s conversations (``messages_column``: OpenAI's messages, as a list or JSON text) through the
+    generation app as chat completions with the same ``fields`` (``tools``, ``tool_choice``, ``max_tokens``, any
+    chat completions field): each row gains a generation job's columns and ``content``, ``tool_calls`` (OpenAI's
+    shape) and ``reasoning``. Priority, tenant, checkpoint and progress as for :func:`generate`. Returns a lazy
+    Dataset."""
+    options = {**fields, "priority": priority, "tenant": tenant or job_tenant()}
+    kwargs = {"app": app, "deployment": deployment, "messages_column": messages_column, "fields": options}
+    kwargs["progress"] = progress
+    job = Job(concurrency, batch_size, actors, fail_fast, max_retries, checkpoint, id_column)
+    return _through_app(ds, ServeChat, kwargs, job)
 
 
 def embed(

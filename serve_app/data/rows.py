@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,15 +32,64 @@ def generate_columns(sampling: Mapping[str, Any] | None) -> dict[str, Any]:
     return {**GENERATE_COLUMNS, "logprobs": LOGPROBS_TYPE}
 
 
+TOOL_CALLS_TYPE = pa.list_(
+    pa.struct(
+        [
+            ("id", pa.string()),
+            ("type", pa.string()),
+            ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())])),
+        ]
+    )
+)
+"""A row's ``tool_calls``: OpenAI's shape, the arguments as JSON text."""
+
+CHAT_COLUMNS: dict[str, Any] = {
+    **{name: kind for name, kind in GENERATE_COLUMNS.items() if name != "error"},
+    "content": pa.string(),
+    "tool_calls": TOOL_CALLS_TYPE,
+    "reasoning": pa.string(),
+    "error": pa.string(),
+}
+"""What a chat job adds to each row: a generation's columns (``text``: the whole output) and the answer read as a
+chat completion's message (``content``, ``tool_calls``, ``reasoning``: null where there is none)."""
+
 EMBED_COLUMNS: dict[str, Any] = {"embedding": pa.list_(pa.float64()), "tokens": pa.int64(), "error": pa.string()}
 """What an embedding job adds to each row."""
 
 
 def texts(batch: dict[str, np.ndarray], column: str) -> list[str]:
     """The batch's input column as strings (a null as the empty string, which validation refuses in its row)."""
+    return [str(value) if value is not None else "" for value in _column(batch, column)]
+
+
+def conversations(batch: dict[str, np.ndarray], column: str) -> list[Any]:
+    """The batch's messages column as lists of message dicts: Arrow's nulls dropped (a column of messages with
+    different fields has each field in every message), a JSON text read as its list (validation refuses the rest
+    in its row)."""
+    return [_plain(_json(value)) for value in _column(batch, column)]
+
+
+def _column(batch: dict[str, np.ndarray], column: str) -> np.ndarray:
     if column not in batch:
         raise KeyError(f"no column '{column}' in the dataset (columns: {sorted(batch)})")
-    return [str(value) if value is not None else "" for value in batch[column]]
+    return batch[column]
+
+
+def _json(value: Any) -> Any:
+    """A text's JSON value where it is JSON; anything else as it is."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return json.loads(value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """Plain Python of a value Ray Data hands a batch: arrays as lists, dicts without their null fields."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items() if item is not None}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(item) for item in value]
+    return value
 
 
 def rows_out(batch: dict[str, np.ndarray], results: Sequence[dict[str, Any]], columns: dict[str, Any]) -> Any:

@@ -41,7 +41,9 @@ def build_engine(config: AppConfig) -> Engine:
 
         if not config.simulated.tokenizer:
             return SimulatedEngine(config.simulated)
-        parsers = OutputParsers(config.vllm.tool_call_parser, config.vllm.reasoning_parser)
+        parsers = OutputParsers(
+            config.vllm.tool_call_parser, config.vllm.reasoning_parser, config.vllm.tool_strict_level
+        )
         return SimulatedEngine(config.simulated, resolve(config.model), parsers)
     from .vllm_engine import VLLMEngine
 

@@ -32,13 +32,15 @@ __all__ = [
 @dataclass(frozen=True)
 class StructuredOutputs:
     """A constraint the output must match (vLLM's structured outputs), exactly one of: a JSON schema (as JSON
-    text), any JSON object, a regular expression, one of a list of choices, or an EBNF/Lark grammar."""
+    text), any JSON object, a regular expression, one of a list of choices, an EBNF/Lark grammar, or a structural
+    tag (xgrammar's, as JSON text: how vLLM's tool parsers force a call in the model's own format)."""
 
     json: str | None = None
     json_object: bool | None = None
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
+    structural_tag: str | None = None
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
@@ -217,6 +219,21 @@ class Engine(abc.ABC):
     def reads_tool_calls(self) -> bool:
         """Whether it reads the model's own tool calls from an output (``tool_choice: auto``)."""
         return self.parsers is not None and self.parsers.reads_tool_calls
+
+    @property
+    def reads_forced_calls(self) -> bool:
+        """Whether a forced call (``tool_choice`` ``required`` or a named function) is made in the model's own
+        call format and read by its tool parser, as ``auto``'s are (vLLM's parsers with a structural tag)."""
+        return self.parsers is not None and self.parsers.reads_forced_calls
+
+    def tool_constraint(
+        self, tools: Sequence[dict[str, Any]], tool_choice: str | dict[str, Any], parallel: bool | None
+    ) -> StructuredOutputs | None:
+        """What vLLM's tool parser makes a request with ``tools`` match (its ``adjust_request``): a forced call in
+        the model's own format, or the envelope and arguments of strict tools; None where it adds nothing or the
+        engine has no tool parser."""
+        found = None if self.parsers is None else self.parsers.tool_constraint(tools, tool_choice, parallel)
+        return None if found is None else StructuredOutputs(**found)
 
     def tool_call_reader(self, tools: Sequence[dict[str, Any]]) -> ToolReader | None:
         """A reader of the model's own tool calls in outputs to a request with ``tools``, where it has one."""

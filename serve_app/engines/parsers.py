@@ -4,6 +4,7 @@ with the model's tokenizer holds one :class:`OutputParsers`."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,11 +57,14 @@ class OutputReader:
 
 
 class OutputParsers:
-    """The parsers an app's settings name (``tool_call_parser``, ``reasoning_parser``: vLLM's names), read over the
-    model's tokenizer once it has one (:meth:`over`). A ``ValueError`` naming the setting for a name vLLM does not
-    have, or a tokenizer the parser cannot read, as `vllm serve` fails at start-up."""
+    """The parsers an app's settings name (``tool_call_parser``, ``reasoning_parser``: vLLM's names;
+    ``tool_strict_level``: `vllm serve --tool-strict-level`), read over the model's tokenizer once it has one
+    (:meth:`over`). A ``ValueError`` naming the setting for a name vLLM does not have, or a tokenizer the parser
+    cannot read, as `vllm serve` fails at start-up."""
 
-    def __init__(self, tool_call_parser: str | None, reasoning_parser: str | None) -> None:
+    def __init__(
+        self, tool_call_parser: str | None, reasoning_parser: str | None, tool_strict_level: str = "auto"
+    ) -> None:
         from vllm.parser import ParserManager
 
         self._tools = _tool_parser(tool_call_parser) if tool_call_parser else None
@@ -70,7 +74,9 @@ class OutputParsers:
         # vLLM's composed parsers: the thoughts alone, and (a tool parser named) the thoughts and the calls
         self._reasoning = ParserManager.get_parser(reasoning_parser_name=reasoning_parser) if reasoning_parser else None
         self._both = (
-            ParserManager.get_parser(tool_call_parser, reasoning_parser, enable_auto_tools=True)
+            ParserManager.get_parser(
+                tool_call_parser, reasoning_parser, enable_auto_tools=True, tool_strict_level=tool_strict_level
+            )
             if tool_call_parser
             else None
         )
@@ -96,6 +102,29 @@ class OutputParsers:
     @property
     def reads_reasoning(self) -> bool:
         return self._reasoning is not None
+
+    @property
+    def reads_forced_calls(self) -> bool:
+        """Whether the tool parser forces calls in the model's own format and reads them as ``auto``'s (vLLM's
+        parsers with a structural tag; the others force vLLM's JSON list of calls)."""
+        return self._tools is not None and not self._tools.supports_required_and_named
+
+    def tool_constraint(
+        self, tools: Sequence[dict[str, Any]], tool_choice: str | dict[str, Any], parallel: bool | None
+    ) -> dict[str, str] | None:
+        """The structured output vLLM's composed parser gives a request with ``tools`` (its ``adjust_request``), as
+        the engine's constraint's fields; None where it gives none or there is no tool parser."""
+        if self._both is None:
+            return None
+        parallel_field = {} if parallel is None else {"parallel_tool_calls": parallel}
+        request = _request(tools=list(tools), tool_choice=tool_choice, **parallel_field)
+        found = self._both(self._tokenizer, request.tools).adjust_request(request).structured_outputs
+        if found is None:
+            return None
+        if found.structural_tag is not None:
+            return {"structural_tag": found.structural_tag}
+        schema = found.json
+        return {"json": schema if isinstance(schema, str) else json.dumps(schema)} if schema is not None else None
 
     def tool_reader(self, tools: Sequence[dict[str, Any]]) -> ToolReader | None:
         """A reader of outputs to one request with ``tools`` (OpenAI's definitions); None without a tool parser."""

@@ -84,7 +84,9 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         self._priorities = args["scheduling_policy"] == "priority"  # vLLM refuses a request's priority under fcfs
         self.max_model_len = settings.max_model_len
         self._chat_template = Path(settings.chat_template).read_text() if settings.chat_template else None
-        parsers = OutputParsers(settings.tool_call_parser, settings.reasoning_parser)  # names checked before it starts
+        parsers = OutputParsers(  # names checked before it starts
+            settings.tool_call_parser, settings.reasoning_parser, settings.tool_strict_level
+        )
         if settings.reasoning_parser:  # vLLM's grammar then constrains only the answer after the thoughts
             args["reasoning_parser"] = settings.reasoning_parser
         self._llm = start_async_llm(model, settings, on_gpu, args)

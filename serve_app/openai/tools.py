@@ -1,7 +1,8 @@
 """Tool calling on ``/v1/chat/completions``: OpenAI's ``tools``, ``tool_choice`` and the tool calls of assistant
 messages, and the calls read back from a model's output. A forced call (``tool_choice`` ``required`` or a named
-function) is structured output, as vLLM's server does it, so any model returns valid calls; ``auto`` reads the
-model's own call format with vLLM's tool parser (the app's ``vllm.tool_call_parser``)."""
+function) is structured output, as vLLM's server does it, so any model returns a call: in the model's own format
+where vLLM's tool parser forces it so (a structural tag), read back as ``auto``'s calls are, else as vLLM's JSON list
+of calls. ``auto`` reads the model's own call format with vLLM's tool parser (the app's ``vllm.tool_call_parser``)."""
 
 from __future__ import annotations
 
@@ -136,8 +137,9 @@ Parse = Callable[[str], tuple[str | None, list[tuple[str, str]]]]
 
 
 class ToolCalls:
-    """How one request's answers are read for tool calls: a forced call (``named``, ``required``) from the output
-    itself, ``auto`` with the engine's parser (``parse``)."""
+    """How one request's answers are read for tool calls: ``auto`` with the engine's parser (``parse``), and a
+    forced call (``named``, ``required``) with it too where the parser forced it in the model's own format, else
+    from the output itself (vLLM's JSON)."""
 
     def __init__(self, how: Mode, name: str | None = None, parse: Parse | None = None) -> None:
         self.how, self.name, self.parse = how, name, parse
@@ -151,13 +153,13 @@ class ToolCalls:
 
     def read(self, text: str) -> tuple[str | None, list[ChatCompletionMessageFunctionToolCall]]:
         """The content and the tool calls of an output (no calls: the output is the content)."""
+        if self.parse is not None:
+            content, found = self.parse(text)
+            return content, [call(name, arguments) for name, arguments in found]
         if self.how in ("named", "required"):
             calls = forced_calls(text, self.how, self.name)
             return (None, calls) if calls else (text, [])
-        if self.parse is None:
-            return text, []
-        content, found = self.parse(text)
-        return content, [call(name, arguments) for name, arguments in found]
+        return text, []
 
     def answer(self, text: str, reason: str) -> tuple[str | None, list[ChatCompletionMessageFunctionToolCall], str]:
         """An output's content, its calls and the finish reason that goes with them (:meth:`read`,

@@ -36,7 +36,9 @@ from ray import serve
 
 from ..config import AppConfig
 from ..core import Generator, parse
+from ..core.base import check_batch
 from ..core.generator import succeeded
+from ..core.rows import answer_rows, chat_error_row
 from ..engines import GenerationDelta, GenerationRequest, GenerationResult
 from ..errors import RequestError
 from ..openai.chat import ChatCompletionRequest, ChatFormat, Reader, read_output
@@ -144,6 +146,28 @@ class LLMServer(Replica):
         (result,) = await self.core.complete(requests)
         return answer.result(result)
 
+    async def chat_batch(self, conversations: list[list[dict[str, Any]]], **fields: Any) -> list[dict[str, Any]]:
+        """Answer each conversation with the same chat fields (a Ray Data chat job's batch); one dict per
+        conversation, in order, as :meth:`chat` gives it, with ``error`` set where it was refused or failed."""
+        limit = self.core.config.max_prompts_per_request
+        check_batch(conversations, "conversations", "conversations", limit, of="message lists")
+        built: list[tuple[list[GenerationRequest], Answer] | RequestError] = []
+        for messages in conversations:
+            try:
+                built.append(await self._chat(messages, fields))
+            except RequestError as exc:
+                built.append(exc)
+
+        async def run(valid: list[tuple[list[GenerationRequest], Answer]]) -> list[GenerationResult]:
+            return await self.core.results([request for requests, _ in valid for request in requests])
+
+        def answer(chat: tuple[list[GenerationRequest], Answer], result: GenerationResult) -> dict[str, Any]:
+            answered = chat_error_row(result.error) if result.failed else chat[1].result(result)
+            # content: the text where nothing was read apart; no calls: null, as a message without them
+            return {"content": answered["text"], **answered, "tool_calls": answered.get("tool_calls") or None}
+
+        return await answer_rows(built, run, answer, chat_error_row)
+
     async def generate_stream(
         self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any
     ) -> AsyncIterator[dict[str, Any]]:
@@ -242,15 +266,22 @@ class LLMServer(Replica):
         await stored(response_id, delete=True)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
+    def _reads_own_calls(self, body: ChatCompletionRequest) -> bool:
+        """Whether the request's calls are in the model's own format, read by the engine's tool parser: ``auto``'s,
+        and forced ones where the parser forced them so."""
+        how = body.tool_mode
+        return how == "auto" or (how in ("required", "named") and self.core.engine.reads_forced_calls)
+
     def _tool_calls(self, body: ChatCompletionRequest) -> ToolCalls | None:
         """How the request's answers are read for tool calls (None: it uses no tools)."""
-        parse = self.core.engine.tool_call_reader(body.tool_dicts() or []) if body.tool_mode == "auto" else None
+        own = self._reads_own_calls(body)
+        parse = self.core.engine.tool_call_reader(body.tool_dicts() or []) if own else None
         return ToolCalls.of(body.tool_mode, body.tool_choice, parse)
 
     def _reader(self, body: ChatCompletionRequest, request: GenerationRequest) -> Reader | None:
-        """New readers of the request's outputs for the model's thoughts and (``tool_choice: auto``) its own calls
-        as they stream, where the engine has the parsers."""
-        engine, tools = self.core.engine, body.tool_dicts() if body.tool_mode == "auto" else None
+        """New readers of the request's outputs for the model's thoughts and its own calls as they stream
+        (:meth:`_reads_own_calls`), where the engine has the parsers."""
+        engine, tools = self.core.engine, body.tool_dicts() if self._reads_own_calls(body) else None
         parsers = engine.parsers
         if parsers is None or not (parsers.reads_reasoning or (tools and parsers.reads_tool_calls)):
             return None
