@@ -139,7 +139,7 @@ class ChatFormat:
             created=self.created,
             model=self.model,
             choices=choices,
-            usage=self._usage(results),
+            usage=self.token_usage(results),
             **self._prompt_ids(),
         )
 
@@ -199,9 +199,9 @@ class ChatFormat:
         return [*out, self._chunk([done])]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> ChatCompletionChunk:
-        return self._chunk([], usage=self._usage(results))
+        return self._chunk([], usage=self.token_usage(results))
 
-    def _usage(self, results: Sequence[GenerationResult]) -> CompletionUsage:
+    def token_usage(self, results: Sequence[GenerationResult]) -> CompletionUsage:
         """Token usage, with how many were thoughts where the engine reads reasoning (as vLLM's server counts)."""
         counts = [self.reader().reasoning_tokens(r.token_ids) for r in results] if self.reader else [None]
         return usage(results, self.n, None if None in counts else sum(counts))

@@ -105,16 +105,18 @@ class ResponsesFormat:
             if message.content:
                 output.append(self._message_item(message.content, result.finish_reason))
             output += [self._call_item(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []]
-            status = "incomplete" if result.finish_reason == "length" else "completed"
-            usage = ResponseUsage(
-                input_tokens=result.prompt_tokens,
-                input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
-                output_tokens=result.output_tokens,
-                output_tokens_details={"reasoning_tokens": (details.reasoning_tokens or 0) if details else 0},
-                total_tokens=result.prompt_tokens + result.output_tokens,
-            )
-            self.final = self._response(status, output, usage)
+            self.final = self._response(_status(result), output, self._usage(result, details))
         return self.final
+
+    def _usage(self, result: GenerationResult, details: Any) -> ResponseUsage:
+        """The Response's usage: the result's tokens, and how many were thoughts (the chat usage's ``details``)."""
+        return ResponseUsage(
+            input_tokens=result.prompt_tokens,
+            input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
+            output_tokens=result.output_tokens,
+            output_tokens_details={"reasoning_tokens": (details.reasoning_tokens or 0) if details else 0},
+            total_tokens=result.prompt_tokens + result.output_tokens,
+        )
 
     def _reasoning_item(self, text: str, item_id: str | None = None) -> ResponseReasoningItem:
         content = [{"type": "reasoning_text", "text": text}]
@@ -275,8 +277,9 @@ class ResponsesFormat:
         ]
         for _, key in sorted(still_open):
             out += self._close(key, result.finish_reason) if isinstance(key, str) else self._close_call(key)
-        whole = self.response([result])
-        self.final = whole.model_copy(update={"output": self._items})  # the streamed items, with their ids
+        # the streamed items, with their ids; the usage as the chat usage counts it (the output is not read again)
+        details = self.chat.token_usage([result]).completion_tokens_details
+        self.final = self._response(_status(result), self._items, self._usage(result, details))
         if self.final.status == "incomplete":
             out.append(self._event(ResponseIncompleteEvent, type="response.incomplete", response=self.final))
         else:
@@ -285,3 +288,8 @@ class ResponsesFormat:
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> None:
         return None
+
+
+def _status(result: GenerationResult) -> str:
+    """A Response's status: ``incomplete`` where ``max_output_tokens`` cut it."""
+    return "incomplete" if result.finish_reason == "length" else "completed"
