@@ -6,6 +6,8 @@
     python -m serve_app.driver --openai-batch requests.jsonl --output results.jsonl [--resume]
     python -m serve_app.driver --task embed --input docs.parquet --output vectors/ --format parquet
         [--text-column text] [--app embeddings]
+    python -m serve_app.driver --task chat --input chats.jsonl --output answers/ [--messages-column messages]
+        [--tools tools.json] [--tool-choice auto|none|required|FUNCTION]
 
 Reads JSONL, JSON, Parquet or CSV; writes one output row per input row (JSONL or Parquet) into the output
 folder, recording the written rows' ids in a checkpoint (``--resume`` runs the job again over only the rows not
@@ -29,7 +31,7 @@ from typing import Any
 
 from .config import DATA_PRIORITY
 from .data.progress import JobProgress
-from .data.resume import IO_CPUS, checkpointed_rows, read
+from .data.resume import IO_CPUS, checkpointed_rows, local_shape, read
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ def summarize(output: str, fmt: str, has_answer: bool, task: str = "generate", i
     for batch in written_tables(output, fmt):
         rows += len(batch)
         errors += int(batch["error"].notna().sum())
-        tokens += int(batch["output_tokens" if task == "generate" else "tokens"].sum())
+        tokens += int(batch["tokens" if task == "embed" else "output_tokens"].sum())
         if task == "embed":
             dimensions.update(len(v) for v in batch["embedding"] if v is not None)
         if id_column in batch:
@@ -144,9 +146,34 @@ def run_openai_batch(args: argparse.Namespace) -> dict[str, Any]:
     return {**summary, "wall_s": round(time.monotonic() - started, 2)}
 
 
+def chat_job_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """A chat job's fields from its flags: the tools (a JSON file of OpenAI's tool list) and ``tool_choice`` (a
+    function's name: that function)."""
+    fields: dict[str, Any] = {}
+    if args.tools:
+        try:
+            fields["tools"] = json.loads(Path(args.tools).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--tools: cannot read a JSON list of tools from '{args.tools}': {exc}") from None
+    choice = args.tool_choice
+    if choice is not None:
+        named = choice not in ("auto", "none", "required")
+        fields["tool_choice"] = {"type": "function", "function": {"name": choice}} if named else choice
+    return fields
+
+
+def input_shape(path: str) -> tuple[list[str], int]:
+    """The input's own columns and its rows: a local input's read here, anything else's by Ray Data."""
+    shape = local_shape(path)
+    if shape is not None:
+        return shape
+    ds = read(path)
+    return ds.columns(), ds.count()
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Stream the input through the app, write the output, and return the summary."""
-    from .data import DEFAULT_BATCH_SIZE, EMBED_BATCH_SIZE, app_capacity, embed, generate, job_blocks
+    from .data import DEFAULT_BATCH_SIZE, EMBED_BATCH_SIZE, app_capacity, chat, embed, generate, job_blocks
 
     if args.openai_batch:
         return run_openai_batch(args)
@@ -156,7 +183,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     embedding = args.task == "embed"
     app = args.app or ("embeddings" if embedding else "llm")
     deployment = args.deployment or ("EmbeddingServer" if embedding else "LLMServer")
-    column, column_flag = (args.text_column, "--text-column") if embedding else (args.prompt_column, "--prompt-column")
+    column, column_flag = {
+        "embed": (args.text_column, "--text-column"),
+        "chat": (args.messages_column, "--messages-column"),
+    }.get(args.task, (args.prompt_column, "--prompt-column"))
+    if args.task != "chat" and (args.tools or args.tool_choice):
+        raise ValueError("--tools and --tool-choice apply to --task chat")
+    chat_fields = chat_job_fields(args) if args.task == "chat" else None
     if args.resume and args.limit:
         raise ValueError("--limit cannot be resumed (a rerun would take the next K unwritten rows); drop one")
     checkpoint = Path(args.checkpoint or f"{str(args.output).rstrip('/')}.checkpoint")
@@ -165,27 +198,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if not args.resume:
         shutil.rmtree(checkpoint, ignore_errors=True)  # a fresh run: forget what the last one wrote
     skipped = checkpointed_rows(checkpoint)
-    ds = read(args.input, id_column=args.id_column)
-    columns = ds.columns()
+    columns, rows_in = input_shape(args.input)
     if column not in columns:
         raise ValueError(f"the input has no column '{column}' (columns: {columns}); name it with {column_flag}")
-    if args.limit:
-        ds = ds.limit(args.limit)
-    rows_in = ds.count()
+    rows_in = min(rows_in, args.limit) if args.limit else rows_in
     concurrency = args.concurrency or app_capacity(app, deployment)
     batch_size = args.batch_size or (EMBED_BATCH_SIZE if embedding else DEFAULT_BATCH_SIZE)
-    ds = read(args.input, id_column=args.id_column, blocks=job_blocks(rows_in, batch_size, concurrency))
+    blocks = job_blocks(rows_in, batch_size, concurrency)
+    ds = read(args.input, id_column=args.id_column, blocks=blocks, columns=columns)
     if args.limit:
         ds = ds.limit(args.limit)
     before = replica_stats(app, deployment)
     common = {"app": app, "deployment": deployment, "concurrency": concurrency, "fail_fast": args.fail_fast}
     progress = JobProgress(rows_in - skipped, args.progress_s, "tokens/s" if embedding else "output tok/s")
     common |= {"checkpoint": checkpoint, "id_column": args.id_column, "progress": progress.counter}
+    sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
+    origin = {"priority": args.priority, "tenant": args.tenant}
     if embedding:
         out = embed(ds, text_column=column, batch_size=batch_size, **common)
+    elif chat_fields is not None:
+        out = chat(ds, messages_column=column, batch_size=batch_size, **common, **origin, **chat_fields, **sampling)
     else:
-        sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-        origin = {"priority": args.priority, "tenant": args.tenant}
         out = generate(ds, prompt_column=column, batch_size=batch_size, **common, **origin, **sampling)
     started = time.monotonic()
     write = out.write_parquet if args.format == "parquet" else out.write_json
@@ -223,7 +256,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--input", help="a .jsonl, .json, .parquet or .csv file (or folder)")
     p.add_argument("--openai-batch", metavar="FILE", help="an OpenAI Batch request file (instead of --input)")
     p.add_argument("--output", required=True, help="the output folder (with --openai-batch: the output file)")
-    p.add_argument("--task", choices=["generate", "embed"], default="generate")
+    p.add_argument("--task", choices=["generate", "chat", "embed"], default="generate")
     p.add_argument("--app", default=None, help="the Serve application name (default: llm, or embeddings)")
     p.add_argument("--deployment", default=None, help="default: LLMServer, or EmbeddingServer")
     p.add_argument("--embeddings-app", default="embeddings", help="--openai-batch: the app for /v1/embeddings")
@@ -231,6 +264,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="rows per request (default: 8, or 64 for embed)")
     p.add_argument("--prompt-column", default="prompt")
     p.add_argument("--text-column", default="text", help="--task embed: the column to embed")
+    p.add_argument("--messages-column", default="messages", help="--task chat: each row's OpenAI messages")
+    p.add_argument("--tools", metavar="FILE", default=None, help="--task chat: a JSON file of OpenAI tools")
+    p.add_argument("--tool-choice", default=None, help="--task chat: auto, none, required or a function's name")
     p.add_argument("--id-column", default="id", help="unique row ids; added as '<file>:<row>' where missing")
     p.add_argument("--resume", action="store_true", help="skip the rows the last run of this job wrote")
     p.add_argument("--checkpoint", default=None, help="where written ids are recorded (default: OUTPUT.checkpoint)")

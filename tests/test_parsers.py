@@ -252,3 +252,28 @@ def test_a_ray_data_chat_job_answers_each_conversation_with_the_jobs_tools(scrip
     assert history["error"] is None and [c["function"]["name"] for c in history["tool_calls"]] == ["get_weather"]
     assert history["prompt_tokens"] > two["prompt_tokens"]  # the call and the tool's answer are in its prompt
     assert empty["error"].startswith("invalid: ") and "messages" in empty["error"] and empty["tool_calls"] is None
+
+
+@pytest.mark.serve
+def test_the_driver_runs_a_chat_job_with_a_tools_file(scripted_app, tmp_path):
+    """``python -m serve_app.driver --task chat --tools FILE``: the same job from the command line, its output
+    files holding each row's calls and content; ``--tools`` on another task is refused, naming the flag."""
+    from serve_app import driver
+
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([WEATHER]))
+    data = tmp_path / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": asking(i)["messages"]}) + "\n" for i in (1, 0)))
+    flags = ["--input", str(data), "--output", str(tmp_path / "out"), "--app", "scripted", "--tools", str(tools)]
+    summary = driver.run(driver.parser().parse_args(["--task", "chat", *flags, "--max-tokens", "96"]))
+    assert summary["rows_in"] == summary["rows_out"] == 2 and summary["errors"] == 0 and summary["output_tokens"] > 0
+    rows = {
+        row["id"]: row
+        for frame in driver.written_tables(str(tmp_path / "out"), "jsonl")
+        for row in frame.to_dict("records")
+    }
+    called, greeting = rows["chats.jsonl:0"], rows["chats.jsonl:1"]
+    assert [call["function"]["name"] for call in called["tool_calls"]] == ["get_weather"]
+    assert greeting["content"] == "Hello there!" and greeting["finish_reason"] == "stop"
+    with pytest.raises(ValueError, match="--tools and --tool-choice apply to --task chat"):
+        driver.run(driver.parser().parse_args(flags))

@@ -137,7 +137,7 @@ def test_rows_without_ids_are_numbered_by_file_and_position_in_every_format(serv
     import pyarrow.parquet as pq
 
     from serve_app.data import read
-    from serve_app.data.resume import positioned
+    from serve_app.data.resume import local_shape, positioned
 
     rows = [{"prompt": f"p{i}", "n": i} for i in range(5)]
     (tmp_path / "a.json").write_text(json.dumps(rows))  # one JSON array
@@ -166,6 +166,14 @@ def test_rows_without_ids_are_numbered_by_file_and_position_in_every_format(serv
         ("lines.txt:3", "fourth"),  # blank lines are no rows, but keep their numbers
         ("lines.txt:4", "fifth \u2028 still fifth"),  # only a newline ends a line
     ]
+    # what the driver measures of a local input in its own process is what Ray Data reads of it
+    for path in ("a.json", "b.csv", "c.parquet", "parts", "own.jsonl"):
+        ds = read(str(tmp_path / path))
+        assert local_shape(str(tmp_path / path)) == (ds.columns(), ds.count()), path
+    assert local_shape(str(tmp_path / "lines.txt"), kind="text") == (["text"], 3)
+    (folder / "notes.md").write_text("not an input")
+    assert local_shape(str(folder)) is None  # a folder with other files: Ray Data's reader decides what it reads
+    assert local_shape(str(tmp_path / "missing.jsonl")) is None
 
 
 def test_in_process_jobs_resume_with_checkpointed(serve_instance, tmp_path):

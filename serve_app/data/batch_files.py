@@ -30,7 +30,7 @@ from ..config import DATA_PRIORITY
 from ..errors import ERROR_TABLE, error_body, exception_body, validation_error
 from .jobs import actor_pool, app_handle, job_blocks, job_tenant
 from .progress import JobProgress, report
-from .resume import IO_CPUS, checkpointed, checkpointed_rows, positioned
+from .resume import IO_CPUS, checkpointed, checkpointed_rows, local_shape, positioned
 from .retries import Retries
 
 logger = logging.getLogger(__name__)
@@ -201,7 +201,8 @@ def run_batch_file(
         for folder in (parts, checkpoint):
             shutil.rmtree(folder, ignore_errors=True)
     skipped = checkpointed_rows(checkpoint)
-    lines_in = positioned(str(requests), kind="text", id_column="id").count()
+    shape = local_shape(str(requests), kind="text")
+    lines_in = shape[1] if shape else positioned(str(requests), kind="text", id_column="id").count()
     calls = max(1, math.ceil(concurrency / batch_size))
     blocks = job_blocks(lines_in, batch_size, calls)
     ds = checkpointed(positioned(str(requests), kind="text", id_column="id", blocks=blocks), checkpoint, "id")

@@ -51,17 +51,45 @@ def input_kind(path: str) -> str:
     return kind
 
 
-def read(path: str, id_column: str | None = None, blocks: int | None = None) -> Any:
+LOCAL_SHAPE_BYTES = 256 << 20
+"""Inputs on this machine up to this size are measured (their columns and rows) by the driver itself: a Ray Data
+execution to count them costs seconds of task start-up on a small machine, each time."""
+
+
+def local_shape(path: str, kind: str | None = None) -> tuple[list[str], int] | None:
+    """The columns and row count of a local input (a file, or a folder of ``kind``'s files) of at most
+    :data:`LOCAL_SHAPE_BYTES`, read here as the job's read tasks read it (``kind``: by extension where not given);
+    None for anything else, which Ray Data then measures."""
+    root = Path(path)
+    kind = kind or input_kind(path)
+    suffixes = {suffix for suffix, k in READERS.items() if k == kind}
+    files = sorted(f for f in root.iterdir() if f.is_file()) if root.is_dir() else [root] if root.is_file() else []
+    if not files or (root.is_dir() and any(f.suffix.lower() not in suffixes for f in files)):
+        return None
+    if sum(f.stat().st_size for f in files) > LOCAL_SHAPE_BYTES:
+        return None
+    columns: list[str] = []
+    rows = 0
+    for file in files:
+        with open(file, "rb") as f:
+            for table in file_tables(f, kind):
+                columns += [name for name in table.column_names if name not in columns]
+                rows += table.num_rows
+    return columns, rows
+
+
+def read(path: str, id_column: str | None = None, blocks: int | None = None, columns: list[str] | None = None) -> Any:
     """A Ray Dataset from a file or folder, by extension. With ``id_column``, rows that the files do not already
     number get that column: ``"<file>:<row>"``, stable across runs (what a checkpoint needs). ``blocks`` splits
-    what is read into about that many blocks (a checkpoint records a block at a time), in the read tasks."""
+    what is read into about that many blocks (a checkpoint records a block at a time), in the read tasks.
+    ``columns``: the input's own, where known (:func:`local_shape`); else Ray Data reads them."""
     import ray.data
 
     kind = input_kind(path)
     # JSON through Arrow's reader, which reads JSON lines too: Ray's ``lines=True`` reader makes pandas blocks, which
     # Ray Data's checkpoint filter refuses (an AssertionError on resume when the input has its own ids).
     ds = getattr(ray.data, f"read_{kind}")(path, num_cpus=IO_CPUS, override_num_blocks=blocks)
-    if id_column is None or id_column in ds.columns():
+    if id_column is None or id_column in (ds.columns() if columns is None else columns):
         return ds
     return positioned(path, kind, id_column, blocks)
 
@@ -94,35 +122,45 @@ class PositionedFiles(FileBasedDatasource):
     def _read_stream(self, f: Any, path: str) -> Iterator[pa.Table]:
         name = os.path.relpath(path, self.root)
         row = 0
-        for table in self._tables(f):
+        for table in positioned_tables(f, self.kind):
             ids = pa.array([f"{name}:{i}" for i in range(row, row + table.num_rows)], type=pa.string())
             row += table.num_rows
-            table = table.append_column(self.id_column, ids)
-            if self.kind == "text":  # blank lines keep their numbers but are no rows
-                table = table.filter(pc.not_equal(pc.utf8_trim_whitespace(table["text"]), ""))
-            yield table
+            yield _rows(table.append_column(self.id_column, ids), self.kind)  # blank lines keep their numbers
 
-    def _tables(self, f: Any) -> Iterator[pa.Table]:
-        if self.kind == "parquet":
-            import pyarrow.parquet as pq
 
-            for batch in pq.ParquetFile(f).iter_batches():
-                yield pa.Table.from_batches([batch])
-        elif self.kind == "text":
-            lines = [line.rstrip("\r") for line in f.read().decode("utf-8", errors="replace").split("\n")]
-            yield pa.table({"text": pa.array(lines, type=pa.string())})
-        elif self.kind == "csv":
-            import pyarrow.csv as pcsv
+def file_tables(f: Any, kind: str) -> Iterator[pa.Table]:
+    """One file's rows (``f``, open for reading bytes), as tables."""
+    for table in positioned_tables(f, kind):
+        yield _rows(table, kind)
 
-            yield pcsv.read_csv(f)
+
+def _rows(table: pa.Table, kind: str) -> pa.Table:
+    """A file's rows: a text file's blank lines are none."""
+    return table.filter(pc.not_equal(pc.utf8_trim_whitespace(table["text"]), "")) if kind == "text" else table
+
+
+def positioned_tables(f: Any, kind: str) -> Iterator[pa.Table]:
+    """One file's rows in order, every line of a text file included (its position counts blank lines too)."""
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        for batch in pq.ParquetFile(f).iter_batches():
+            yield pa.Table.from_batches([batch])
+    elif kind == "text":
+        lines = [line.rstrip("\r") for line in f.read().decode("utf-8", errors="replace").split("\n")]
+        yield pa.table({"text": pa.array(lines, type=pa.string())})
+    elif kind == "csv":
+        import pyarrow.csv as pcsv
+
+        yield pcsv.read_csv(f)
+    else:
+        data = f.read()
+        if data.lstrip()[:1] == b"[":  # one JSON array rather than one object a line
+            yield pa.Table.from_pylist(json.loads(data))
         else:
-            data = f.read()
-            if data.lstrip()[:1] == b"[":  # one JSON array rather than one object a line
-                yield pa.Table.from_pylist(json.loads(data))
-            else:
-                import pyarrow.json as pjson
+            import pyarrow.json as pjson
 
-                yield pjson.read_json(io.BytesIO(data))
+            yield pjson.read_json(io.BytesIO(data))
 
 
 def checkpointed(ds: Any, path: str | Path, id_column: str = "id") -> Any:
