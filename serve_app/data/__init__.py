@@ -19,7 +19,7 @@ Resumable jobs: ``generate(ds, ..., checkpoint="ckpt/")`` (or ``checkpointed(ds,
 ``map_batches``) records the ids of written rows, and the same job run again skips them; ``read(path,
 id_column="id")`` numbers rows that have no id (``"<file>:<row>"``).
 
-Names are imported when first used (PEP 562): a job's map actor imports its own module (``jobs``) without the
+Names are imported when first used (PEP 562): a job's map actor imports its own module (``actors``) without the
 in-process cores' engines."""
 
 from __future__ import annotations
@@ -28,15 +28,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .actors import RowFailedError, ServeChat, ServeEmbed, ServeGenerate
     from .in_process import InProcessEmbed, InProcessGenerate
     from .jobs import (
         DATA_PRIORITY,
         DEFAULT_BATCH_SIZE,
         EMBED_BATCH_SIZE,
-        RowFailedError,
-        ServeChat,
-        ServeEmbed,
-        ServeGenerate,
         actor_pool,
         app_capacity,
         chat,
@@ -69,6 +66,10 @@ __all__ = [
 _MODULES = {  # the rest are in .jobs
     "InProcessEmbed": "in_process",
     "InProcessGenerate": "in_process",
+    "RowFailedError": "actors",
+    "ServeChat": "actors",
+    "ServeEmbed": "actors",
+    "ServeGenerate": "actors",
     "checkpointed": "resume",
     "read": "resume",
 }

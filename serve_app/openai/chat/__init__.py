@@ -1,9 +1,12 @@
-"""``POST /v1/chat/completions``: its request and refusals (:mod:`.request`), its answers (:mod:`.format`)."""
+"""``POST /v1/chat/completions``: its request and refusals (:mod:`.request`), its answers (:mod:`.format`), and a
+chat answer as the handle methods return it (:mod:`.answer`)."""
 
+from .answer import Answer
 from .format import ChatFormat, Reader, read_output, token_logprobs
 from .request import ChatCompletionRequest, ChatMessage, ContentPart, message_refusals
 
 __all__ = [
+    "Answer",
     "ChatCompletionRequest",
     "ChatFormat",
     "ChatMessage",
