@@ -173,6 +173,14 @@ def test_the_models_own_calls_after_its_thoughts_are_read_whole_and_streamed(cor
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_without_thoughts_wanted_structured_output_holds_from_the_first_token(core, loop):
+    """``include_reasoning: false`` marks a chat's requests as past their reasoning (vLLM's ``reasoning_ended``), so
+    vLLM's grammar constrains from the first token; otherwise the engine's reasoning parser decides."""
+    bodies = [ChatCompletionRequest.model_validate(asking(0, include_reasoning=flag)) for flag in (False, True)]
+    hidden, shown = (loop.run_until_complete(core.requests.chat_completion(body))[0] for body in bodies)
+    assert (hidden.reasoning_ended, shown.reasoning_ended) == (True, None)
+
+
 def test_parser_settings_are_checked_as_vllm_serve_checks_them():
     from serve_app.config import SimulatedSettings
     from serve_app.engines.parsers import OutputParsers

@@ -252,7 +252,9 @@ def test_what_vllm_would_refuse_on_admission_is_refused_before_it_queues(core, l
 
 
 def test_structured_outputs_constrain_what_the_model_writes(core, loop):
-    """A JSON schema, a regular expression and a list of choices, each through vLLM's grammar backend on the CPU."""
+    """A JSON schema, a regular expression and a list of choices, each through vLLM's grammar backend on the CPU;
+    the regular expression's request says its reasoning has ended (``include_reasoning: false``'s
+    ``reasoning_ended``), which vLLM takes."""
     import json
     import re
 
@@ -276,6 +278,7 @@ def test_structured_outputs_constrain_what_the_model_writes(core, loop):
                 [{"role": "user", "content": "Which French city is the capital, and how many people live there?"}],
                 sampling,
             )
+        requests[1].reasoning_ended = True
         return await core.complete(requests)
 
     as_json, as_regex, as_choice = loop.run_until_complete(run())

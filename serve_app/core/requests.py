@@ -244,7 +244,11 @@ class RequestBuilder:
         if constraint is not None:
             sampling = replace(sampling, structured_outputs=constraint)
             self._check_engine(sampling, "tools")  # the constraint is the tools' parameters: a refusal names them
-        return await self.chat(body.conversation(), sampling, body.n, body.origin, body.tool_dicts())
+        requests = await self.chat(body.conversation(), sampling, body.n, body.origin, body.tool_dicts())
+        if not body.include_reasoning:  # vLLM's: no thoughts wanted, so the constraint holds from the first token
+            for request in requests:
+                request.reasoning_ended = True
+        return requests
 
     def _tool_constraint(self, body: ChatCompletionRequest, sampling: SamplingOptions) -> StructuredOutputs | None:
         """What a request's tools make its output match, as vLLM's server does: a forced call in the model's own

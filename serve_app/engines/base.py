@@ -87,6 +87,10 @@ class GenerationRequest:
     tenant: str | None = None
     submitted_at: float = field(default_factory=time.monotonic)
     """When it passed validation (``time.monotonic``): the start of its queue wait."""
+    reasoning_ended: bool | None = None
+    """True: its structured output constrains from the first generated token, not after a reasoning model's
+    thoughts (vLLM's ``reasoning_ended``: a chat request with ``include_reasoning: false``); None: the engine's
+    reasoning parser decides."""
 
     def estimate_tokens(self) -> int:
         """Its KV-cache footprint at the end: the prompt plus every token it may generate (its cost)."""

@@ -222,9 +222,11 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         try:
             params = self.sampling_params(request.sampling)
             prompt = await render_tokens(self._llm, request.prompt_token_ids)
-            priority = {"priority": request.priority} if self._priorities else {}
+            options: dict[str, Any] = {"priority": request.priority} if self._priorities else {}
+            if request.reasoning_ended is not None:
+                options["reasoning_ended"] = request.reasoning_ended
             unsent = None  # the prompt's log probabilities, until a delta carries them
-            async for output in self._llm.generate(prompt, params, request.request_id, **priority):
+            async for output in self._llm.generate(prompt, params, request.request_id, **options):
                 if prompt_logprobs is None and output.prompt_logprobs:  # the first output carries them
                     unsent = prompt_logprobs = self._logprobs(request.prompt_token_ids, output.prompt_logprobs)
                 if not output.outputs:
