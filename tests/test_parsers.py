@@ -181,6 +181,31 @@ def test_without_thoughts_wanted_structured_output_holds_from_the_first_token(co
     assert (hidden.reasoning_ended, shown.reasoning_ended) == (True, None)
 
 
+@pytest.mark.parametrize(
+    ("parser", "constraint"),
+    [("hermes", "structural_tag"), ("pythonic", "json"), ("poolside_v1", None), (None, "json")],
+)
+def test_a_forced_call_is_constrained_as_the_engines_tool_parser_says(loop, parser, constraint):
+    """On an engine that constrains outputs, a forced call takes the constraint vLLM's tool parser gives: hermes its
+    structural tag, pythonic vLLM's JSON list of calls, and poolside_v1, which reads forced calls in its own format
+    but has no tag, none, as vLLM's server leaves them (a JSON list it could not read would lose the call); without
+    a tool parser, vLLM's JSON list of calls. The SIMULATED engine, told it constrains outputs."""
+    from serve_app.config import SimulatedSettings
+    from serve_app.core.requests import RequestBuilder
+    from serve_app.engines.parsers import OutputParsers
+    from serve_app.engines.simulated import SimulatedEngine
+    from serve_app.models import prepare
+
+    engine = SimulatedEngine(SimulatedSettings(tokenizer=True), str(prepare()), OutputParsers(parser, None))
+    engine.structures_outputs = True
+    builder = RequestBuilder(engine, AppConfig.model_validate({"engine": "simulated", **SCRIPTED}))
+    body = ChatCompletionRequest.model_validate(asking(1, tools=[WEATHER], tool_choice="required"))
+    (request,) = loop.run_until_complete(builder.chat_completion(body))
+    given = request.sampling.structured_outputs
+    kinds = [] if given is None else [kind for kind in ("structural_tag", "json") if getattr(given, kind)]
+    assert kinds == ([constraint] if constraint else [])
+
+
 def test_parser_settings_are_checked_as_vllm_serve_checks_them():
     from serve_app.config import SimulatedSettings
     from serve_app.engines.parsers import OutputParsers

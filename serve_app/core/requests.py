@@ -251,9 +251,10 @@ class RequestBuilder:
         return requests
 
     def _tool_constraint(self, body: ChatCompletionRequest, sampling: SamplingOptions) -> StructuredOutputs | None:
-        """What a request's tools make its output match, as vLLM's server does: a forced call in the model's own
-        format or as vLLM's JSON list of calls (the tool parser's choice; vLLM's JSON without a parser), and in
-        ``auto``, strict tools' calls where the request asks for no other structure; None: free text."""
+        """What a request's tools make its output match, as vLLM's server does: with a tool parser, the constraint
+        it gives (a forced call in the model's own format or as vLLM's JSON list of calls, strict tools' calls in
+        ``auto`` where the request asks for no other structure; or none), without one vLLM's JSON list of calls for
+        a forced call; None: free text."""
         how, engine = body.tool_mode, self.engine
         if how == "none" or not engine.structures_outputs:
             if how in ("required", "named"):
@@ -262,10 +263,9 @@ class RequestBuilder:
             return None
         if how == "auto" and sampling.structured_outputs is not None:
             return None
-        choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, tools.NamedToolChoice) else how
-        found = engine.tool_constraint(body.tool_dicts() or [], choice, body.parallel_tool_calls)
-        if found is not None or how == "auto":
-            return found
+        if engine.reads_tool_calls:  # the tool parser's own (None: vLLM's server leaves the output free too)
+            choice = body.tool_choice.model_dump() if isinstance(body.tool_choice, tools.NamedToolChoice) else how
+            return engine.tool_constraint(body.tool_dicts() or [], choice, body.parallel_tool_calls)
         schema = tools.output_schema(body.tools or [], body.tool_choice, body.parallel_tool_calls)
         return StructuredOutputs(json=json.dumps(schema))
 
