@@ -5,9 +5,10 @@ checked."""
 from __future__ import annotations
 
 TIERS = ("unit", "serve", "system", "soak")
-"""In order of cost: ``unit`` starts nothing (no Ray, no engine); ``serve`` uses the session's Serve cluster with the
-simulated engine; ``system`` starts a real vLLM engine, a cluster of its own or a ``serve run``; ``soak`` runs load
-and fault tests at full size and anything that measures."""
+"""In order of cost: ``unit`` starts nothing (no Ray, no engine); ``serve`` sends requests to apps of one replica on
+the session's Serve cluster (simulated engine); ``system`` starts a real vLLM engine, a cluster of its own or a ``serve
+run``, or sets the session's fleet to work (Ray Data jobs, drivers, replicas added, replaced, killed or stopped);
+``soak`` runs load and fault tests at full size and anything that measures."""
 
 current: tuple[str, str] | None = None
 """(test id, tier) of the test running now; set by the tier plugin (harness/pytest_tiers.py), None outside a test."""

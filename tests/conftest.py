@@ -210,6 +210,17 @@ def scripted_app(serve_instance) -> tuple[str, Any]:
     return serve_instance + "/scripted", serve.run(build_app(config), name="scripted", route_prefix="/scripted")
 
 
+def _delete(names: list[str]) -> None:
+    """Delete the apps ``names`` that still run (a test may have deleted its own), without waiting for their replicas
+    to stop: the next test goes on meanwhile (its apps have names of their own)."""
+    from ray import serve
+
+    live = serve.status().applications
+    for name in names:
+        if name in live:
+            serve.delete(name, _blocking=False)
+
+
 @pytest.fixture(scope="module")
 def deploy_app(serve_instance):
     """``deploy_app(name, **args)``: run a SIMULATED-engine app at ``/name``; deleted after the module."""
@@ -223,28 +234,22 @@ def deploy_app(serve_instance):
         config = merged(SIMULATED_DEFAULTS, args)
         if config["engine"] != "simulated":
             tiers.require("system", f"a real engine in the session's cluster (app {name!r})")
+        if max(config["autoscaling"].get(key, 1) for key in ("min_replicas", "max_replicas")) > 1:
+            tiers.require("system", f"an app of more than one replica (app {name!r})")
         handle = serve.run(build_app(config), name=name, route_prefix=f"/{name}")
         names.append(name)
         return handle
 
     yield deploy
-    live = serve.status().applications
-    for name in names:
-        if name in live:  # a test may have deleted its own
-            serve.delete(name)
+    _delete(names)
 
 
 @pytest.fixture
 def apps(serve_instance):
     """Names of apps to delete after the test, pass or fail: a 2-CPU cluster holds only a few replicas."""
-    from ray import serve
-
     names: list[str] = []
     yield names
-    live = serve.status().applications
-    for name in names:
-        if name in live:
-            serve.delete(name)
+    _delete(names)
 
 
 @pytest.fixture
@@ -382,16 +387,27 @@ def real_app_to_end(real_apps: RealApps) -> RealApp:
 
 
 @pytest.fixture(autouse=True)
-def no_engine_below_system(monkeypatch) -> None:
-    """A test below the ``system`` tier that starts a vLLM engine in this process fails at once, naming the marker."""
+def system_tier_gate(monkeypatch) -> None:
+    """A test below the ``system`` tier that starts a vLLM engine in this process, a Ray Data job or kills a Ray actor
+    (a replica) fails at once, naming the marker it needs."""
     if tiers.current is None or tiers.rank(tiers.current[1]) >= tiers.rank("system"):
         return
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        tiers.require("system", "a vLLM engine in the test process")
+    def refusing(what: str) -> Callable[..., Any]:
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            tiers.require("system", what)
 
-    for module in ("serve_app.engines.vllm_engine", "serve_app.engines.pooling"):
-        monkeypatch.setattr(f"{module}.start_async_llm", refuse)
+        return refuse
+
+    for engine in ("serve_app.engines.vllm_engine.VLLMEngine", "serve_app.engines.pooling.PoolingEngine"):
+        monkeypatch.setattr(f"{engine}.__init__", refusing("a vLLM engine in the test process"))
+    if tiers.current[1] == "serve":  # below it, the session's cluster (which these need) is refused already
+        # Every Ray Data job runs through Ray's streaming executor (Ray 2.60's module; a move fails here, loudly).
+        monkeypatch.setattr(
+            "ray.data._internal.execution.streaming_executor.StreamingExecutor.execute",
+            refusing("a Ray Data job (its tasks and actors)"),
+        )
+        monkeypatch.setattr("ray.kill", refusing("killing a Ray actor (a replica)"))
 
 
 @pytest.fixture(scope="session")

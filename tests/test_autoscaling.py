@@ -236,7 +236,7 @@ async def http_clients(url: str, clients: int, stop: asyncio.Event, max_tokens: 
     return outcomes
 
 
-@pytest.mark.serve
+@pytest.mark.system  # replicas added and taken away
 async def test_sustained_http_load_scales_1_to_2_and_back_with_every_request_answered_once(serve_instance, deploy):
     app = "autoscale-http"
     handle = deploy(app, **BUSY_ENGINE, autoscaling={"max_replicas": 2, "target_ongoing_requests": 8, **FAST_METRICS})
@@ -332,7 +332,7 @@ async def test_ray_data_job_at_default_concurrency_scales_1_to_2_and_back_with_e
     }
 
 
-@pytest.mark.serve
+@pytest.mark.system  # replicas added and taken away
 async def test_token_policy_scales_up_on_a_token_load_that_ongoing_requests_would_not(serve_instance, deploy):
     app = "autoscale-tokens"
     handle = deploy(

@@ -22,6 +22,7 @@ def app(deploy_app):
     )
 
 
+@pytest.mark.system  # a Ray Data job
 def test_pipeline_keeps_rows_ids_and_errors_in_place(app):
     import ray.data
 
@@ -76,6 +77,7 @@ def test_job_blocks_let_every_call_be_in_flight_and_write_as_the_job_goes(rows, 
     assert in_flight >= min(calls, batches)  # Ray Data can have every call (or every batch) in flight at once
 
 
+@pytest.mark.system  # a Ray Data job
 def test_transient_overload_is_retried_until_every_row_succeeds(deploy_app):
     import ray.data
 
@@ -94,6 +96,7 @@ def test_transient_overload_is_retried_until_every_row_succeeds(deploy_app):
     assert all(r["error"] is None for r in got), [r["error"] for r in got if r["error"]][:3]
 
 
+@pytest.mark.system  # a Ray Data job
 def test_fail_fast_fails_the_job(app):
     import ray.data
 
@@ -104,6 +107,7 @@ def test_fail_fast_fails_the_job(app):
         generate(ray.data.from_items(rows), app="data", concurrency=1, fail_fast=True).take_all()
 
 
+@pytest.mark.system  # a Ray Data job
 def test_driver_streams_the_sample_dataset_and_summarizes(app, tmp_path):
     from serve_app import driver
 
@@ -143,6 +147,7 @@ def test_sample_dataset_is_reproducible_with_known_answers():
     assert set(first) == {"id", "prompt", "answer"} and isinstance(first["answer"], int)
 
 
+@pytest.mark.system  # a Ray Data job
 def test_driver_logs_progress_a_person_can_read(app, tmp_path, caplog):
     import logging
     import re

@@ -309,7 +309,7 @@ def env_app(serve_instance):
         LLMServer.options(**options).bind(config.model_dump()), name="door-env", route_prefix="/door-env"
     )
     yield serve_instance + "/door-env", handle
-    serve.delete("door-env")
+    serve.delete("door-env", _blocking=False)
 
 
 def protected_routes() -> list[tuple[str, str]]:

@@ -241,7 +241,7 @@ def served(request, real_apps) -> Iterator[Served]:
     request.getfixturevalue("deploy_app")("both", embeddings_app="both-embeddings", simulated={"step_s": 0.001})
     serve.run(build_embeddings_app(PADDED_APP), name="both-embeddings", route_prefix="/both/v1/embeddings")
     yield Served(url + "/both/v1", "both-embeddings", "padded", lambda name, *args: globals()[name](*args))
-    serve.delete("both-embeddings")
+    serve.delete("both-embeddings", _blocking=False)
 
 
 async def test_openai_client_embeddings_equal_sentence_transformers_in_order(served, reference):
@@ -360,7 +360,7 @@ def embedding_job(app: str, n: int, folder: str) -> None:
     embed(ray.data.from_items(job_rows(n)), app=app, concurrency=4, batch_size=64).write_parquet(folder)
 
 
-@pytest.mark.parametrize("n", sized(500, 2000))
+@pytest.mark.parametrize("n", sized(500, 2000, "system"))
 def test_ray_data_job_embeds_every_row_once_through_the_app(served, reference, tmp_path, n):
     import pyarrow.parquet as pq
 
@@ -378,7 +378,7 @@ def test_ray_data_job_embeds_every_row_once_through_the_app(served, reference, t
     assert min(cosines([r["embedding"] for r in sample], reference([r["text"] for r in sample]))) >= 0.999
 
 
-@pytest.mark.serve
+@pytest.mark.system  # a Ray Data job
 def test_in_process_embedding_job(serve_instance, reference):
     import ray.data
 

@@ -40,7 +40,7 @@ def served(serve_instance, deploy_app):
         route_prefix="/batch/v1/embeddings",
     )
     yield serve_instance + "/batch"
-    serve.delete("batch-embeddings")
+    serve.delete("batch-embeddings", _blocking=False)
 
 
 def good_lines(triples: int) -> list[dict]:
@@ -114,7 +114,7 @@ async def posted(url: str, lines: list[dict], at_once: int = 16) -> list[httpx.R
         return await asyncio.gather(*(post(line) for line in lines))
 
 
-@pytest.mark.parametrize("triples", sized(40, 164))  # 128 and 500 lines
+@pytest.mark.parametrize("triples", sized(40, 164, "system"))  # 128 and 500 lines
 def test_a_batch_file_is_answered_line_for_line_as_the_http_routes_answer(served, tmp_path, triples):
     from serve_app import driver
 

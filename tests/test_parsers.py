@@ -257,7 +257,7 @@ def test_the_openai_client_and_handles_get_thoughts_and_calls_apart_from_the_ans
     assert hidden["reasoning"] is None and hidden["content"] == "Hello there!" and hidden["text"] == REPLIES[0]
 
 
-@pytest.mark.serve
+@pytest.mark.system  # a Ray Data job
 def test_a_ray_data_chat_job_answers_each_conversation_with_the_jobs_tools(scripted_app, tmp_path):
     """A Ray Data chat job (``serve_app.data.chat``) of a JSON lines file: each row's conversation answered as a chat
     completion with the job's tools (calls, thoughts and content apart, in their own columns), a conversation with a
@@ -287,7 +287,7 @@ def test_a_ray_data_chat_job_answers_each_conversation_with_the_jobs_tools(scrip
     assert empty["error"].startswith("invalid: ") and "messages" in empty["error"] and empty["tool_calls"] is None
 
 
-@pytest.mark.serve
+@pytest.mark.system  # a Ray Data job
 def test_the_driver_runs_a_chat_job_with_a_tools_file(scripted_app, tmp_path):
     """``python -m serve_app.driver --task chat --tools FILE``: the same job from the command line, its output
     files holding each row's calls and content; ``--tools`` on another task is refused, naming the flag."""

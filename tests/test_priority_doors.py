@@ -145,6 +145,7 @@ async def test_handle_priority_must_be_an_int(served):
 
 
 @pytest.mark.parametrize(("job_priority", "overtakes"), [(None, True), (0, False)])
+@pytest.mark.system  # a Ray Data job
 async def test_ray_data_jobs_run_after_interactive_requests(served, job_priority, overtakes):
     """A Ray Data job's rows go at DATA_PRIORITY by default, so an interactive request is admitted before the
     rows the job has queued; the same job at priority 0 (control) keeps FIFO: every row queued before it first."""

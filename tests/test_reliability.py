@@ -194,7 +194,7 @@ def assert_every_row_once(job: RowsInThread, n: int) -> None:
         assert row["text"] == f"[simulated] row {row['id']} says", row
 
 
-@pytest.mark.parametrize("n", sized(240, 600))
+@pytest.mark.parametrize("n", sized(240, 600, "system"))
 async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_instance, deploy, n):
     import ray
     import ray.data
@@ -227,6 +227,7 @@ async def test_killing_a_replica_mid_job_loses_and_duplicates_no_row(serve_insta
     }
 
 
+@pytest.mark.system  # replicas replaced under a Ray Data job
 async def test_redeploying_a_changed_config_mid_job_loses_and_duplicates_no_row(serve_instance, deploy):
     """``serve deploy`` of a changed config while a Ray Data job runs: Serve replaces every replica (a rolling
     update, old replicas drained), and the job still gets every row exactly once, without an error."""
@@ -307,6 +308,7 @@ async def test_engine_raising_for_one_request_fails_only_it_in_continuous_mode(s
     assert stats["total_failed"] == 1 and stats["in_flight_cost"] == 0
 
 
+@pytest.mark.system  # a replica replaced
 async def test_dead_engine_makes_serve_replace_the_replica(serve_instance, deploy):
     handle = deploy("lazarus")
     async with httpx.AsyncClient(base_url=serve_instance + "/lazarus", timeout=30) as client:
@@ -355,6 +357,7 @@ async def _http_load(url: str, n: int, stop: asyncio.Event | None = None) -> lis
     return results
 
 
+@pytest.mark.system  # a replica taken away under load
 async def test_scaling_down_under_load_drains_and_drops_nothing(serve_instance, apps):
     from ray import serve
 
@@ -408,6 +411,7 @@ async def test_scaling_down_under_load_drains_and_drops_nothing(serve_instance, 
     FIGURES["scale 2 -> 1 replicas under load"] = {"requests": len(results), "ok": statuses.count(200), "failed": 0}
 
 
+@pytest.mark.system  # replicas stopped under load
 async def test_deleting_the_app_under_load_answers_every_admitted_request(serve_instance, apps):
     from ray import serve
 
@@ -450,11 +454,12 @@ async def test_deleting_the_app_under_load_answers_every_admitted_request(serve_
 MODES = {
     # one request in the engine at a time, the rest queued in the batcher
     "continuous": {"simulated": {"step_s": 1.5}, "batcher": {"max_inflight": 1}},
-    # one batch in the engine, 5 queued behind it (not a full batch). The batch runs 12 s, however early its
-    # caller leaves (a static batch runs to its end), so that the five reach the queue while it runs even on a
-    # slow, loaded CI machine: at 1.5 s they once arrived after it had ended and formed a batch of their own.
+    # one batch in the engine, 5 queued behind it (not a full batch). The first batch runs 6 s (12 tokens of 0.5 s),
+    # however early its caller leaves (a static batch runs to its end), so that the five reach the queue while it
+    # runs even on a slow, loaded CI machine: at 1.5 s they once arrived after it had ended and formed a batch of
+    # their own. The last request asks for one token: its batch takes 0.5 s.
     "batch": {
-        "simulated": {"batch_overhead_s": 12, "padded": True},
+        "simulated": {"step_s": 0.5, "padded": True},
         "batcher": {"mode": "batch", "max_batch_size": 8, "batch_timeout_s": 0, "max_concurrent_batches": 1},
     },
 }
@@ -465,7 +470,7 @@ async def test_disconnected_and_cancelled_callers_free_the_batcher_and_abort_the
     handle = deploy(f"cancel-{mode}", **MODES[mode])
     base = await handle.stats.remote()
     async with httpx.AsyncClient(base_url=serve_instance + f"/cancel-{mode}", timeout=60) as client:
-        running = asyncio.create_task(client.post("/generate", json={"prompts": ["in the engine"]}))
+        running = asyncio.create_task(client.post("/generate", json={"prompts": ["in the engine"], "max_tokens": 12}))
         await wait_for(batcher_is(handle, "in_flight", lambda n: n == 1), 30, "a request in the engine")
         waiting = [asyncio.create_task(client.post("/generate", json={"prompts": [f"queued {i}"]})) for i in range(3)]
         refs = [handle.generate.remote(f"handle queued {i}") for i in range(2)]

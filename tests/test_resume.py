@@ -16,7 +16,7 @@ import pytest
 from serve_app.sample import write
 from tests.conftest import completed, idle, wait_until
 
-pytestmark = pytest.mark.serve
+pytestmark = pytest.mark.system  # Ray Data jobs, and drivers killed part way
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,17 @@
 """The tiers hold (tests/README.md): a test that starts something of a tier above its marker fails at once, with a
 message naming the marker it needs, before anything starts; unmarked tests are ``unit``. Run on a deliberately
-mis-marked suite in a pytest of its own, with the real suite's fixtures."""
+mis-marked suite in a pytest of its own, with the real suite's fixtures, and (what needs the session's cluster) in
+the serve tier itself."""
 
 from __future__ import annotations
+
+import pytest
 
 from harness.environment import ROOT
 
 CONFTEST = """
 pytest_plugins = ["harness.pytest_tiers"]
-from tests.conftest import engine_loop, no_engine_below_system, real_app, real_apps, real_core, serve_instance
+from tests.conftest import engine_loop, system_tier_gate, real_app, real_apps, real_core, serve_instance
 """
 
 MISMARKED = """
@@ -130,3 +133,24 @@ def test_a_shared_fixtures_tests_run_together_and_it_is_closed_after_the_last(py
         "test_c_uses_it",
         "test_b_uses_none",
     ]
+
+
+@pytest.mark.serve
+def test_a_serve_test_that_sets_the_fleet_to_work_fails_naming_the_system_marker(deploy_app):
+    """On the session's cluster a ``serve`` test may send requests to apps of one replica; a Ray Data job, a killed
+    actor or a second replica is the ``system`` tier's, refused before it starts."""
+    import ray
+    import ray.data
+
+    from harness.tiers import TierError
+
+    cases = {
+        "a Ray Data job": lambda: ray.data.range(3).take_all(),
+        "killing a Ray actor": lambda: ray.kill(ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")),
+        "an app of more than one replica": lambda: deploy_app("two", autoscaling={"max_replicas": 2}),
+    }
+    for what, start in cases.items():
+        with pytest.raises(TierError, match=r"mark it @pytest\.mark\.system") as refused:
+            start()
+        assert what in str(refused.value)
+    assert ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")  # nothing was killed
