@@ -449,11 +449,16 @@ def test_the_app_config_selects_the_router_and_serve_can_load_it():
     from serve_app.config import AppConfig
     from serve_app.serving.options import deployment_options
 
-    options = deployment_options(AppConfig(engine="simulated", routing={"stale_after_s": 3.0}))
+    options = deployment_options(AppConfig(engine="simulated", routing={"stale_after_s": 3.0, "prefix_weight": 2}))
     config = RequestRouterConfig(**options["request_router_config"])
     cls = config.get_request_router_class()  # what every proxy and handle does: pickled by value, loaded back
     assert cls.__name__ == "TokenLoadRouter"
-    assert config.request_router_kwargs == {"stale_after_s": 3.0, "default_max_tokens": 128}
+    assert config.request_router_kwargs == {
+        "stale_after_s": 3.0,
+        "default_max_tokens": 128,
+        "prefix_weight": 2.0,
+        "prefix_max_share": 0.25,
+    }
     assert "request_router_config" not in deployment_options(AppConfig(engine="simulated", routing={"router": "serve"}))
 
 

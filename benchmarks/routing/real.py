@@ -6,6 +6,8 @@ Peers (each started alone, one after the other; every engine runs one compute th
 of its own):
 
   app-tokens            serve_config.yaml's app, 2 replicas, ``routing.router: tokens`` (its default)
+  app-tokens-noprefix   the same without the token router's prefix score (``routing.prefix_weight: 0``)
+  app-tokens-prefix4    the same with a stronger prefix score (``routing.prefix_weight: 4``)
   app-serve             the same app with ``routing.router: serve``: Serve's router as shipped (with serve.env's
                         HAProxy at the door, HAProxy's own balancing; app-tokens's POSTs go through the app's
                         ingress router first)
@@ -27,6 +29,8 @@ and balances as its fallback does. Two workloads (``WORKLOADS``, ``--workload``)
   chats     outputs 8-256 tokens, a 16-prompt x 64-token call every 30 s: a light load, few tokens to balance
   batches   the issue's skewed load, scaled to these cores: outputs 8-512 tokens, a 256-prompt x 16-token call
             every 90 s (more than a replica's running cap of 128 sequences: it holds one replica for over a minute)
+  prefixes  closed loop: 32 streamed chat conversations, each 4 of them sharing a 1,500-token system prompt, each
+            turn's prompt its conversation so far (``prefix_load``); TTFT of every turn and of the later turns
 
 **Measured**: output tok/s (every output token / from the first request sent to the last answer), the chats' TTFT
 p50/p99 and E2E p99, the batch calls' mean latency, failures; ratios against ``app-serve``. For the app's peers also
@@ -47,6 +51,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -57,12 +62,15 @@ from serve_app.engines.procs import descendants
 from ..lib.peers import NO_HAPROXY
 from ..lib.report import RESULTS, page
 from ..serving.peers import running
+from . import prefix_load
 from .real_load import LOAD_S, REQUEST_FIELDS, WORKLOADS, load, schedule, summarize
 from .spread import Spread, stats_urls
 
 REPLICAS = 2
 PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "app-tokens": ("app", {"routing": {"router": "tokens"}}),
+    "app-tokens-noprefix": ("app", {"routing": {"router": "tokens", "prefix_weight": 0}}),
+    "app-tokens-prefix4": ("app", {"routing": {"router": "tokens", "prefix_weight": 4}}),
     "app-serve": ("app", {"routing": {"router": "serve"}}),
     "app-tokens-nice19": ("app", {"routing": {"router": "tokens"}, "vllm": {"cpu_replica_niceness": 19}}),
     "app-serve-nice19": ("app", {"routing": {"router": "serve"}, "vllm": {"cpu_replica_niceness": 19}}),
@@ -76,6 +84,9 @@ PEER_ENV = {name: NO_HAPROXY for name in PEERS if name.endswith("-python-proxy")
 proxy, as Serve's own routers do, instead of in an ingress router HAProxy asks first."""
 OPTIONAL = ("nice", "python-proxy")  # variants run when named, not by default
 DEFAULT_WORKLOAD = "chats"  # its page is routing_real.md; another workload's is routing_real-<name>.md
+PREFIXES = "prefixes"  # the closed-loop conversations of prefix_load, not a schedule of WORKLOADS
+PREFIX_PEERS = ["app-tokens", "app-tokens-noprefix", "app-tokens-prefix4", "app-serve", "ray-serve-llm-prefix"]
+"""The prefix workload's peers; its two variants of the token router run on that workload alone."""
 
 
 def engines_started(ray_tmp: str) -> int:
@@ -101,7 +112,28 @@ def pin_engines(ray_tmp: str) -> list[int]:
     return engines
 
 
-def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, Any]]) -> dict[str, Any]:
+def scheduled(events: list[dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
+    """The load of a schedule of ``WORKLOADS``: its figures and its requests."""
+
+    def drive(url: str) -> dict[str, Any]:
+        outcomes = asyncio.run(load(url, events))
+        return {**summarize(outcomes), "requests": [{key: o.get(key) for key in REQUEST_FIELDS} for o in outcomes]}
+
+    return drive
+
+
+def conversing(systems: list[str], load_s: float) -> Callable[[str], dict[str, Any]]:
+    """The prefix workload's closed-loop conversations: their figures and their turns."""
+
+    def drive(url: str) -> dict[str, Any]:
+        outcomes = asyncio.run(prefix_load.conversations(url, systems, load_s))
+        fields = prefix_load.REQUEST_FIELDS
+        return {**prefix_load.summarize(outcomes), "requests": [{k: o.get(k) for k in fields} for o in outcomes]}
+
+    return drive
+
+
+def measure_peer(name: str, folder: Path, workdir: Path, drive: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
     kind, knobs = PEERS[name]
     threads = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "ENGINE_THREADS": "1", **PEER_ENV.get(name, {})}
     if kind == "app":
@@ -127,15 +159,8 @@ def measure_peer(name: str, folder: Path, workdir: Path, events: list[dict[str, 
         warm = [{"at": 0.0, "kind": "chat", "prompt": "warm up " * 8, "max_tokens": 8} for _ in range(8)]
         asyncio.run(load(url, warm))
         with Spread(stats_urls(ray_tmp)) as spread:
-            outcomes = asyncio.run(load(url, events))
-        row = {
-            "peer": name,
-            "startup_s": startup_s,
-            "engines_pinned": len(pinned),
-            **summarize(outcomes),
-            **spread.summary(),
-            "requests": [{key: o.get(key) for key in REQUEST_FIELDS} for o in outcomes],  # the JSON's, for analysis
-        }
+            figures = drive(url)  # with "requests", the JSON's, for analysis
+        row = {"peer": name, "startup_s": startup_s, "engines_pinned": len(pinned), **figures, **spread.summary()}
     return row
 
 
@@ -182,31 +207,74 @@ def markdown(rows: list[dict[str, Any]], mode: str, workload: str, events: list[
     return page(title, about, measured, COLUMNS, notes, minutes)
 
 
+PREFIX_COLUMNS = [
+    ("peer", "peer", ""),
+    ("ttft_p50_s", "TTFT p50 (s)", ".2f"),
+    ("ttft_p50_x", "p50 x app-tokens-noprefix", ".2f"),
+    ("ttft_p50_serve_x", "p50 x app-serve", ".2f"),
+    ("ttft_p99_s", "TTFT p99 (s)", ".2f"),
+    ("later_ttft_p50_s", "later turns' TTFT p50 (s)", ".2f"),
+    ("output_tok_s", "output tok/s", ".1f"),
+    ("turns_s", "turns/s", ".2f"),
+    ("held_imbalance", "tokens held imbalance", ".2f"),
+    ("failed", "failed", "d"),
+]
+
+
+def prefix_markdown(rows: list[dict[str, Any]], mode: str, minutes: float) -> str:
+    for ratio, peer in (("ttft_p50_x", "app-tokens-noprefix"), ("ttft_p50_serve_x", "app-serve")):
+        base = next((r for r in rows if r["peer"] == peer and "ttft_p50_s" in r), None)
+        for r in rows:
+            r[ratio] = r["ttft_p50_s"] / base["ttft_p50_s"] if base and "ttft_p50_s" in r else math.nan
+    about = (
+        f"Workload `prefixes` ({LOAD_S[mode]:.0f} s a peer): {prefix_load.CONVERSATIONS} closed-loop clients, each "
+        f"one streamed chat conversation at a time of {prefix_load.TURNS} turns ({prefix_load.ANSWER_TOKENS} output "
+        f"tokens each), every {prefix_load.SHARING} of them on one {prefix_load.SYSTEM_TOKENS}-token system prompt, "
+        "each turn's prompt the conversation so far, through each peer's HTTP door. Each engine runs one thread, "
+        "pinned to its own core; vLLM's prefix cache is on in every peer. `later turns`: turns after a "
+        "conversation's first. `python -m benchmarks.routing.real --workload prefixes`."
+    )
+    title = f"Prefix-aware routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
+    notes = [f"{r['peer']}: did not run ({r['error']})." for r in rows if "ttft_p50_s" not in r]
+    return page(title, about, [r for r in rows if "ttft_p50_s" in r], PREFIX_COLUMNS, notes, minutes)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.routing.real", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 s of load a peer")
-    parser.add_argument(
-        "--peers", nargs="+", choices=list(PEERS), default=[p for p in PEERS if not any(o in p for o in OPTIONAL)]
-    )
-    parser.add_argument("--workload", choices=list(WORKLOADS), default=DEFAULT_WORKLOAD)
+    parser.add_argument("--peers", nargs="+", choices=list(PEERS), help="default: every peer the workload compares")
+    parser.add_argument("--workload", choices=[*WORKLOADS, PREFIXES], default=DEFAULT_WORKLOAD)
     args = parser.parse_args(argv)
     from serve_app.models import prepare
 
     began = time.monotonic()
     mode = "quick" if args.quick else "full"
-    events = schedule(WORKLOADS[args.workload], LOAD_S[mode])
     folder = prepare()
+    if args.workload == PREFIXES:
+        drive = conversing(prefix_load.system_prompts(folder), LOAD_S[mode])
+        args.peers = args.peers or PREFIX_PEERS
+    else:
+        events = schedule(WORKLOADS[args.workload], LOAD_S[mode])
+        drive = scheduled(events)
+        args.peers = args.peers or [
+            p for p in PEERS if not any(o in p for o in OPTIONAL) and p not in PREFIX_PEERS[1:3]
+        ]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
         for name in args.peers:
             try:
-                row = measure_peer(name, folder, Path(tmp), events)
+                row = measure_peer(name, folder, Path(tmp), drive)
             except Exception as exc:  # a peer that does not deploy is reported as such; the others still run
                 row = {"peer": name, "error": repr(exc)[:300]}
             print(json.dumps({k: v for k, v in row.items() if k != "requests"}, default=str), flush=True)
             rows.append(row)
     suffix = ("" if args.workload == DEFAULT_WORKLOAD else f"-{args.workload}") + ("-quick" if args.quick else "")
-    text = markdown(rows, mode, args.workload, events, (time.monotonic() - began) / 60)
+    minutes = (time.monotonic() - began) / 60
+    text = (
+        prefix_markdown(rows, mode, minutes)
+        if args.workload == PREFIXES
+        else markdown(rows, mode, args.workload, events, minutes)
+    )
     (RESULTS / f"routing_real{suffix}.md").write_text(text)
     (RESULTS / f"routing_real{suffix}.json").write_text(json.dumps(rows, indent=2, default=str))
     print(text)

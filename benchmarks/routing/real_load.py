@@ -9,6 +9,7 @@ import math
 import random
 import statistics
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from harness.stats import percentile
@@ -47,6 +48,17 @@ def schedule(workload: dict[str, Any], load_s: float, seed: int = 11) -> list[di
     return sorted(events, key=lambda e: e["at"])
 
 
+async def sse_chunks(response: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of a streamed OpenAI answer (aiohttp's response), up to ``[DONE]``; an error chunk raises."""
+    async for raw in response.content:
+        line = raw.decode().strip()
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunk = json.loads(line.removeprefix("data: "))
+            if "error" in chunk:
+                raise RuntimeError(str(chunk["error"])[:200])
+            yield chunk
+
+
 async def send(session: Any, url: str, event: dict[str, Any], start: float) -> dict[str, Any]:
     """One request at its time: a chat streams (its TTFT is its first text), a batch call does not."""
     await asyncio.sleep(max(0.0, start + event["at"] - time.perf_counter()))
@@ -63,14 +75,7 @@ async def send(session: Any, url: str, event: dict[str, Any], start: float) -> d
             if not stream:
                 out["tokens"] = (await response.json())["usage"]["completion_tokens"]
             else:
-                async for raw in response.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line.removeprefix("data: "))
-                    if "error" in chunk:
-                        out["error"] = str(chunk["error"])[:200]
-                        return out
+                async for chunk in sse_chunks(response):
                     if chunk.get("usage"):
                         out["tokens"] = chunk["usage"]["completion_tokens"]
                     if out["ttft"] is None and any(c.get("text") for c in chunk.get("choices", [])):

@@ -174,6 +174,18 @@ class RoutingSettings(Strict):
     stale_after_s: float = Field(
         5.0, gt=0, description="a report older than this is stale: that replica is routed by ongoing requests"
     )
+    prefix_weight: float = Field(
+        1.0,
+        ge=0,
+        description="`tokens`: the prefix score. A prompt token that a replica most likely holds in its prefix cache "
+        "(this router sent it the same prefix before) takes this many tokens off that replica's load; 0: none",
+    )
+    prefix_max_share: float = Field(
+        0.25,
+        ge=0,
+        description="`tokens`: the most the prefix score takes off a replica's load, as a share of its token budget "
+        "(so a shared prefix never piles more than that onto one replica)",
+    )
 
     @model_validator(mode="after")
     def _fresh_enough(self) -> RoutingSettings:

@@ -76,6 +76,8 @@ def deployment_options(config: DeploymentConfig) -> dict[str, Any]:
             "request_router_kwargs": {
                 "stale_after_s": routing.stale_after_s,
                 "default_max_tokens": config.sampling.max_tokens,  # type: ignore[attr-defined]
+                "prefix_weight": routing.prefix_weight,
+                "prefix_max_share": routing.prefix_max_share,
             },
             "request_routing_stats_period_s": routing.stats_period_s,
         }

@@ -42,6 +42,14 @@ def _positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def handle_prompt(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The prompt argument of a generating handle call (``generate_batch``: its list of prompts), else ``None``."""
+    if method not in GENERATING:
+        return None
+    key = "prompts" if method == "generate_batch" else "messages" if method.startswith("chat") else "prompt"
+    return args[0] if args else kwargs.get(key)
+
+
 def handle_cost(method: str, args: Sequence[Any], kwargs: dict[str, Any], default_max_tokens: int) -> float | None:
     """A handle call's tokens (prompt + max_tokens per prompt, x ``n``), or ``None`` when its arguments say nothing
     readable (then the caller prices it at a constant)."""
@@ -49,8 +57,7 @@ def handle_cost(method: str, args: Sequence[Any], kwargs: dict[str, Any], defaul
         return 0.0
     if method not in GENERATING:
         return None
-    key = "prompts" if method == "generate_batch" else "messages" if method.startswith("chat") else "prompt"
-    given = args[0] if args else kwargs.get(key)
+    given = handle_prompt(method, args, kwargs)
     max_tokens = (
         _positive_int(kwargs.get("max_tokens"))
         or _positive_int(kwargs.get("max_completion_tokens"))

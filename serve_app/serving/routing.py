@@ -22,8 +22,12 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
   (``on_request_routed``) only with its answer, after it completed: that late confirmation is ignored. Reports
   are timed by the replica's clock (``at``), routing by the router's (a report is never taken as newer than
   when it was seen): hosts are assumed to agree to well under a second.
-- **Ranking**: by ``(held + cost) / token_budget``, the share of its budget a replica would hold with this
-  request (plain tokens when a replica reports no budget), lowest first. Replicas within ``tie_fraction`` of
+- **Ranking**: by ``(held + cost - credit) / token_budget``, the share of its budget a replica would hold with this
+  request (plain tokens when a replica reports no budget), lowest first. ``credit`` is the prefix score: the
+  request's prompt tokens the replica most likely holds in its prefix cache (:mod:`serve_app.serving.prefixes`:
+  what this router sent it before), times ``prefix_weight``, and never more than ``prefix_max_share`` of its
+  budget: that bound is the guard that a shared prefix never piles more onto one replica than that share of its
+  budget beyond what the others hold. Replicas within ``tie_fraction`` of
   each other tie; ties go to the local node or zone first (only where the router prefers locality, as the
   HTTP proxy does), then to the shorter queue, then at random. The queue is the replica's reported prompts
   plus the requests sent it since, as fresh as the tokens: not Serve's queue-length cache, whose entry for a
@@ -65,7 +69,8 @@ from ray.serve.request_router import (
 )
 
 from .autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD
-from .request_cost import asgi_scope, handle_cost, http_cost
+from .prefixes import PrefixIndex, prompt_text
+from .request_cost import asgi_scope, handle_cost, handle_prompt, http_cost
 from .routing_books import Ledger, Routed
 
 if TYPE_CHECKING:
@@ -90,6 +95,11 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             the replica, tokenizing): until a later one, the router still adds it.
         tie_fraction: replicas whose held tokens differ by less than this share of their budget tie.
         unknown_cost: tokens of a request whose cost cannot be read; default: 128 + ``default_max_tokens``.
+        prefix_weight: what a prompt token the replica holds in its prefix cache takes off its load, in tokens
+            (0: no prefix score).
+        prefix_max_share: the most the prefix score takes off a replica's load, as a share of its budget.
+        prefix_block_chars: characters of a prompt block in the prefix index (vLLM's blocks hold 16 tokens).
+        prefix_capacity_blocks: the blocks the prefix index keeps for each replica (least recently used go).
     """
 
     def initialize_state(
@@ -99,12 +109,27 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         settle_s: float = 0.1,
         tie_fraction: float = 0.01,
         unknown_cost: float | None = None,
+        prefix_weight: float = 1.0,
+        prefix_max_share: float = 0.25,
+        prefix_block_chars: int = 64,
+        prefix_capacity_blocks: int = 65_536,
     ) -> None:
-        if stale_after_s <= 0 or default_max_tokens < 1 or settle_s < 0 or tie_fraction < 0:
+        if (
+            stale_after_s <= 0
+            or default_max_tokens < 1
+            or settle_s < 0
+            or tie_fraction < 0
+            or prefix_weight < 0
+            or prefix_max_share < 0
+        ):
             raise ValueError(
                 f"TokenLoadRouter: bad settings stale_after_s={stale_after_s} default_max_tokens={default_max_tokens} "
-                f"settle_s={settle_s} tie_fraction={tie_fraction}"
+                f"settle_s={settle_s} tie_fraction={tie_fraction} prefix_weight={prefix_weight} "
+                f"prefix_max_share={prefix_max_share}"
             )
+        self.prefix_weight = prefix_weight
+        self.prefix_max_share = prefix_max_share
+        self._prefixes = PrefixIndex(prefix_block_chars, prefix_capacity_blocks)
         self.stale_after_s = stale_after_s
         self.default_max_tokens = default_max_tokens
         self.settle_s = settle_s
@@ -130,6 +155,17 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             logger.debug("token router: no cost estimate for %s", request.metadata.call_method, exc_info=True)
         return self.unknown_cost if cost is None else cost
 
+    def prefix_keys(self, request: PendingRequest) -> list[int]:
+        """The prefix index's keys of the request's prompt: a handle call's, or the body's fields the ingress router
+        passes as one; none for a batch of several prompts, an HTTP request whose body is unread, or no prefix score."""
+        if self.prefix_weight == 0 or request.metadata.is_http_request:
+            return []
+        prompt = handle_prompt(request.metadata.call_method, request.args, request.kwargs)
+        if request.metadata.call_method == "generate_batch":
+            prompt = prompt[0] if isinstance(prompt, (list, tuple)) and len(prompt) == 1 else None
+        text = prompt_text(prompt)
+        return self._prefixes.keys(text) if text else []
+
     def held_tokens(self, replica: RunningReplica, now: float) -> float | None:
         """Tokens ``replica`` holds: its last report, less what it counts that has completed since, plus what was
         sent to it since (and has not completed); ``None`` when that report is missing or stale."""
@@ -151,15 +187,23 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         return float(load)
 
     def rank(
-        self, replicas: Sequence[RunningReplica], held: dict[ReplicaID, float], cost: float
+        self,
+        replicas: Sequence[RunningReplica],
+        held: dict[ReplicaID, float],
+        cost: float,
+        cached: dict[ReplicaID, float] | None = None,
     ) -> list[RunningReplica]:
-        """``replicas`` best first: by held tokens (+ ``cost``) over budget; ties by locality, queue, chance."""
+        """``replicas`` best first: by held tokens (+ ``cost``, - the prefix score of the ``cached`` prompt tokens
+        each holds) over budget; ties by locality, queue, chance."""
         budgets = {r.replica_id: float((r.routing_stats or {}).get(TOKEN_BUDGET) or 0) for r in replicas}
         by_share = all(b > 0 for b in budgets.values())
         tie = self.tie_fraction if by_share else self.tie_fraction * max(budgets.values(), default=0.0)
+        largest = max(budgets.values(), default=0.0)
 
         def load(r: RunningReplica) -> float:
-            after = held[r.replica_id] + cost
+            credit = self.prefix_weight * (cached or {}).get(r.replica_id, 0.0)
+            credit = min(credit, self.prefix_max_share * (budgets[r.replica_id] or largest))
+            after = held[r.replica_id] + cost - credit
             return after / budgets[r.replica_id] if by_share else after
 
         node, zone = self._self_node_id, self._self_availability_zone
@@ -211,7 +255,11 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         key, internal_id = _key(pending_request), pending_request.metadata.internal_request_id
         previous = self._ledger.previous(key, internal_id)
         cost = previous.cost if previous is not None else self.estimate_cost(pending_request)
-        ranked = self.rank(candidate_replicas, held, cost)  # type: ignore[arg-type]
+        keys = self.prefix_keys(pending_request)
+        tokens = self._prefixes.block_tokens
+        cached = {r.replica_id: self._prefixes.matched(r.replica_id, keys) * tokens for r in candidate_replicas}
+        ranked = self.rank(candidate_replicas, held, cost, cached)  # type: ignore[arg-type]
+        self._prefixes.record(ranked[0].replica_id, keys)
         self._ledger.choose(key, Routed(internal_id, cost, ranked[0].replica_id, now))
         pending_request.routing_context.should_backoff = True  # back off between passes when every replica is full
         return [[replica] for replica in ranked]
@@ -243,7 +291,9 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
         self._ledger.forget(set(self._ledger.books) - self._replica_id_set)
+        self._prefixes.forget(self._prefixes.replicas() - self._replica_id_set)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._ledger.forget({replica_id})
+        self._prefixes.forget({replica_id})

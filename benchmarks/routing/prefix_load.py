@@ -1,0 +1,119 @@
+"""The prefix workload of the real-replica routing benchmark: closed-loop conversations, each group of them sharing a
+long system prompt, each conversation's turns growing on its own history (what a chat product or an agent sends), and
+the figures of their outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.stats import percentile
+
+from ..lib.peers import MODEL_NAME
+from .real_load import sse_chunks
+
+CONVERSATIONS = 32
+SHARING = 4  # conversations per system prompt
+SYSTEM_TOKENS = 1_500
+TURNS = 4  # then the conversation starts over, on the same system prompt
+ANSWER_TOKENS = 24
+WORDS = ("river", "stone", "cloud", "paper", "light", "music", "garden", "window", "morning", "silver", "forest")
+
+
+def system_prompts(folder: Path, seed: int = 7) -> list[str]:
+    """``CONVERSATIONS / SHARING`` seeded system prompts of ``SYSTEM_TOKENS`` tokens of the bundled model each."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rng = random.Random(seed)
+    prompts = []
+    for index in range(CONVERSATIONS // SHARING):
+        words = " ".join(rng.choice(WORDS) for _ in range(SYSTEM_TOKENS * 2))
+        ids = tokenizer(f"Rules of assistant {index}: {words}", add_special_tokens=False)["input_ids"]
+        prompts.append(tokenizer.decode(ids[:SYSTEM_TOKENS]))
+    return prompts
+
+
+async def turn(session: Any, url: str, messages: list[dict[str, str]], start: float) -> dict[str, Any]:
+    """One streamed chat turn: its TTFT (first text), its answer and its output tokens."""
+    body = {
+        "model": MODEL_NAME,
+        "messages": messages,
+        "max_tokens": ANSWER_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent = time.perf_counter()
+    out: dict[str, Any] = {"sent": sent - start, "ok": False, "tokens": 0, "ttft": None, "text": ""}
+    try:
+        async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+            if response.status != 200:
+                out["error"] = f"{response.status}: {(await response.text())[:200]}"
+                return out
+            async for chunk in sse_chunks(response):
+                if chunk.get("usage"):
+                    out["tokens"] = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    text = (choice.get("delta") or {}).get("content") or ""
+                    if text and out["ttft"] is None:
+                        out["ttft"] = time.perf_counter() - sent
+                    out["text"] += text
+    except Exception as exc:  # a dropped connection is a failed turn, counted as such
+        out["error"] = repr(exc)[:200]
+        return out
+    out |= {"ok": True, "e2e": time.perf_counter() - sent, "done": time.perf_counter() - start}
+    return out
+
+
+async def conversations(url: str, systems: list[str], load_s: float, seed: int = 3) -> list[dict[str, Any]]:
+    """``CONVERSATIONS`` clients, each one conversation at a time on its group's system prompt, turn after turn,
+    until ``load_s`` has passed; every turn's outcome."""
+    import aiohttp
+
+    outcomes: list[dict[str, Any]] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as session:
+        start = time.perf_counter()
+
+        async def client(index: int) -> None:
+            rng = random.Random(seed * 1000 + index)
+            system = systems[index // SHARING]
+            while time.perf_counter() - start < load_s:
+                messages = [{"role": "system", "content": system}]
+                for number in range(TURNS):
+                    question = " ".join(rng.choice(WORDS) for _ in range(12))
+                    messages.append({"role": "user", "content": f"Turn {number} of client {index}: {question}?"})
+                    outcome = await turn(session, url, messages, start)
+                    outcomes.append({**outcome, "turn": number, "client": index})
+                    if not outcome["ok"] or time.perf_counter() - start >= load_s:
+                        break
+                    messages.append({"role": "assistant", "content": outcome["text"]})
+
+        await asyncio.gather(*(client(i) for i in range(CONVERSATIONS)))
+    return outcomes
+
+
+REQUEST_FIELDS = ("ok", "client", "turn", "sent", "ttft", "e2e", "done", "tokens")
+
+
+def summarize(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [o for o in outcomes if o["ok"]]
+    ttfts = [o["ttft"] for o in ok if o["ttft"] is not None]
+    later = [o["ttft"] for o in ok if o["ttft"] is not None and o["turn"] > 0]
+    span = max(o["done"] for o in ok) - min(o["sent"] for o in outcomes)
+    return {
+        "sent": len(outcomes),
+        "failed": len(outcomes) - len(ok),
+        "errors": sorted({o["error"] for o in outcomes if not o["ok"]})[:3],
+        "output_tok_s": sum(o["tokens"] for o in ok) / span,
+        "turns_s": len(ok) / span,
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "later_ttft_p50_s": statistics.median(later) if later else float("nan"),
+    }

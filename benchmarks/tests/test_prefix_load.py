@@ -1,0 +1,71 @@
+"""The routing benchmark's prefix workload (benchmarks/routing/prefix_load.py): seeded system prompts of the stated
+length, and conversations that grow turn by turn on their own history, against a stand-in chat server in this
+process (no Ray, no engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from benchmarks.routing import prefix_load
+
+
+def test_system_prompts_are_seeded_distinct_and_of_the_stated_length():
+    from transformers import AutoTokenizer
+
+    from serve_app.models import prepare
+
+    folder = prepare()
+    prompts = prefix_load.system_prompts(folder)
+    assert prompts == prefix_load.system_prompts(folder)
+    assert len(prompts) == prefix_load.CONVERSATIONS // prefix_load.SHARING == len(set(prompts))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
+    assert all(abs(n - prefix_load.SYSTEM_TOKENS) <= 5 for n in lengths), lengths  # decoded and read back
+
+
+def test_each_turn_sends_its_conversation_so_far_and_a_failed_turn_ends_it():
+    from aiohttp import web
+
+    seen: list[list[dict[str, str]]] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        messages = (await request.json())["messages"]
+        seen.append(messages)
+        if "client 31" in messages[-1]["content"]:
+            return web.json_response({"error": {"message": "refused"}}, status=400)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in (
+            {"choices": [{"delta": {"content": f"answer {len(messages)}"}}]},
+            {"choices": [], "usage": {"completion_tokens": 3}},
+        ):
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def run() -> list[dict]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            return await prefix_load.conversations(f"http://127.0.0.1:{port}", [f"system {i}" for i in range(8)], 0.3)
+        finally:
+            await runner.cleanup()
+
+    outcomes = asyncio.run(run())
+    for messages in seen:
+        turn = (len(messages) - 2) // 2
+        assert messages[0]["content"] == f"system {int(messages[-1]['content'].split('client ')[1].split(':')[0]) // 4}"
+        assert [m["role"] for m in messages] == ["system"] + ["user", "assistant"] * turn + ["user"]
+        assert all(m["content"] == f"answer {2 + 2 * k}" for k, m in enumerate(messages[2::2]))  # its own answers
+    ok = [o for o in outcomes if o["ok"]]
+    assert ok and all(o["tokens"] == 3 and o["ttft"] is not None for o in ok)
+    refused = [o for o in outcomes if o["client"] == 31]
+    assert refused and all(not o["ok"] and o["turn"] == 0 and "400" in o["error"] for o in refused)
+    figures = prefix_load.summarize(outcomes)
+    assert figures["failed"] == len(refused) and figures["ttft_p50_s"] > 0
