@@ -34,7 +34,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     config = AppConfig.model_validate(args or {})
     app = _application(config, LLMServer)
     if haproxy_enabled() and config.routes_by_tokens:
-        app = with_ingress_router(app)
+        app = with_ingress_router(app, config.routing.ingress_poll_s)
     return app
 
 

@@ -476,7 +476,7 @@ def test_one_replica_at_most_is_not_routed_by_tokens_nor_behind_the_ingress_rout
     assert "request_router_config" in deployment_options(AppConfig(**two))
     monkeypatch.setattr(app_module, "haproxy_enabled", lambda: True)
     attached: list[Any] = []
-    monkeypatch.setattr(app_module, "with_ingress_router", lambda app: attached.append(app) or app)
+    monkeypatch.setattr(app_module, "with_ingress_router", lambda app, poll_s: attached.append(app) or app)
     app_module.build_app(one)
     assert attached == []
     app_module.build_app(two)

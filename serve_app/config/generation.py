@@ -174,6 +174,12 @@ class RoutingSettings(Strict):
     stale_after_s: float = Field(
         5.0, gt=0, description="a report older than this is stale: that replica is routed by ongoing requests"
     )
+    ingress_poll_s: float = Field(
+        0.2,
+        gt=0,
+        description="under HAProxy (serve.env): how often the ingress router asks each replica for the tokens it "
+        "holds itself. It sees no request end, and Serve's relay of the replicas' reports is 1-2 s late",
+    )
     prefix_weight: float = Field(
         1.0,
         ge=0,

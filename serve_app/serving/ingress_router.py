@@ -11,7 +11,8 @@ request router (:class:`~serve_app.serving.routing.TokenLoadRouter`) to pick, as
 shape, without sending anything (the request itself goes through HAProxy).
 
 ``/internal/route`` answers ``{"host", "port", "replica_id"}``; anything else (503 while no replica is up) makes
-HAProxy answer 503 itself.
+HAProxy answer 503 itself. HAProxy carries the request and its answer, so this router never sees one end: it asks
+the replicas for their reports itself (:mod:`~serve_app.serving.routing_reports`) rather than wait for Serve's relay.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from .request_cost import body_call
+from .routing_reports import poll_in_this_process
 
 router_api = FastAPI(title="token-batching ingress router", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -35,8 +37,9 @@ router_api = FastAPI(title="token-batching ingress router", docs_url=None, redoc
 class IngressRouter:
     """HAProxy's ``/internal/route`` for one application: the replica its request router ranks first."""
 
-    def __init__(self, server: DeploymentHandle) -> None:
+    def __init__(self, server: DeploymentHandle, poll_s: float) -> None:
         self._server = server
+        poll_in_this_process(poll_s)  # it sees no request end: it asks the replicas for their reports itself
 
     @router_api.post("/internal/route")
     async def route(self, request: Request) -> dict[str, Any]:
@@ -75,7 +78,7 @@ def haproxy_enabled() -> bool:
     return now
 
 
-def with_ingress_router(app: serve.Application) -> serve.Application:
+def with_ingress_router(app: serve.Application, poll_s: float) -> serve.Application:
     """``app`` with :class:`IngressRouter` attached as HAProxy's router for it (Ray's internal hook, the one Ray
-    Serve LLM's direct streaming uses)."""
-    return app._with_ingress_request_router(IngressRouter.bind(app))
+    Serve LLM's direct streaming uses), asking each replica for its report every ``poll_s``."""
+    return app._with_ingress_request_router(IngressRouter.bind(app, poll_s))

@@ -45,8 +45,9 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
   choices on ongoing requests, with its locality preference).
 
 Every process that routes (the HTTP proxy, each handle's owner) imports this module: it imports nothing of the
-app but two metric names, the cost estimates (:mod:`serve_app.serving.request_cost`) and its ledger of what it
-sent each replica (:mod:`serve_app.serving.routing_books`).
+app but two metric names, the cost estimates (:mod:`serve_app.serving.request_cost`), its ledger of what it
+sent each replica (:mod:`serve_app.serving.routing_books`) and its index of the prompt blocks it sent each
+(:mod:`serve_app.serving.prefixes`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from .autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD
 from .prefixes import PrefixIndex, prompt_text
 from .request_cost import asgi_scope, handle_cost, handle_prompt, http_cost
 from .routing_books import Ledger, Routed
+from .routing_reports import Reports
 
 if TYPE_CHECKING:
     from ray.serve._private.replica_result import ReplicaResult
@@ -136,6 +138,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self.tie_fraction = tie_fraction
         self.unknown_cost = float(unknown_cost if unknown_cost is not None else 128 + default_max_tokens)
         self._ledger = Ledger(settle_s, stale_after_s)  # what was sent where, until it completes
+        self._reports = Reports()  # the newest report of each replica
         self._degraded = False
         self._clock = time.time  # the router's clock (reports carry the replica's): a test may set its own
 
@@ -177,7 +180,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
 
     def _report(self, replica: RunningReplica, now: float) -> float | None:
         """The token load of ``replica``'s latest report, which its books take in (``None``: none, or stale)."""
-        stats = replica.routing_stats or {}
+        stats = self._reports.of(replica)
         load, at = stats.get(TOKEN_LOAD), stats.get("at")
         if not isinstance(load, (int, float)) or not isinstance(at, (int, float)) or now - at > self.stale_after_s:
             return None
@@ -195,7 +198,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     ) -> list[RunningReplica]:
         """``replicas`` best first: by held tokens (+ ``cost``, - the prefix score of the ``cached`` prompt tokens
         each holds) over budget; ties by locality, queue, chance."""
-        budgets = {r.replica_id: float((r.routing_stats or {}).get(TOKEN_BUDGET) or 0) for r in replicas}
+        budgets = {r.replica_id: float(self._reports.of(r).get(TOKEN_BUDGET) or 0) for r in replicas}
         by_share = all(b > 0 for b in budgets.values())
         tie = self.tie_fraction if by_share else self.tie_fraction * max(budgets.values(), default=0.0)
         largest = max(budgets.values(), default=0.0)
@@ -212,7 +215,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             here = self._prefer_local_node_routing and node is not None and r.node_id == node
             near = self._prefer_local_az_routing and zone is not None and r.availability_zone == zone
             books = self._ledger.books.get(r.replica_id)
-            queue = max(0.0, float((r.routing_stats or {}).get(PROMPTS) or 0) + (books.requests if books else 0))
+            queue = max(0.0, float(self._reports.of(r).get(PROMPTS) or 0) + (books.requests if books else 0))
             return 0 if here else 1 if near else 2, queue, random.random()
 
         ranked: list[RunningReplica] = []
@@ -233,6 +236,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         choices where a report is missing or stale, or for a multiplexed model."""
         if not candidate_replicas or pending_request is None or pending_request.metadata.multiplexed_model_id:
             return await self._power_of_two(candidate_replicas, pending_request)
+        self._reports.start(lambda: list(self._replicas.values()))  # where this process polls (the ingress router)
         now = self._clock()
         held = {r.replica_id: self.held_tokens(r, now) for r in candidate_replicas}
         if any(h is None for h in held.values()):
@@ -240,7 +244,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
                 # A replica that has not reported yet (start-up, a new replica) is routine (INFO); a report older
                 # than stale_after_s means a replica or Serve's relay of its reports has fallen behind (WARNING).
                 missing = [r for r in candidate_replicas if held[r.replica_id] is None]
-                stale = sum(isinstance((r.routing_stats or {}).get("at"), (int, float)) for r in missing)
+                stale = sum(isinstance(self._reports.of(r).get("at"), (int, float)) for r in missing)
                 logger.log(
                     logging.WARNING if stale else logging.INFO,
                     "token router: %d replica(s) without a fresh report (%d stale); ongoing requests decide",
@@ -292,8 +296,10 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         super().update_replicas(replicas)
         self._ledger.forget(set(self._ledger.books) - self._replica_id_set)
         self._prefixes.forget(self._prefixes.replicas() - self._replica_id_set)
+        self._reports.forget(set(self._reports.replicas()) - self._replica_id_set)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._ledger.forget({replica_id})
         self._prefixes.forget({replica_id})
+        self._reports.forget({replica_id})
