@@ -410,6 +410,18 @@ def system_tier_gate(monkeypatch) -> None:
         monkeypatch.setattr("ray.kill", refusing("killing a Ray actor (a replica)"))
 
 
+@pytest.fixture(autouse=True)
+def finished_jobs_collected(request) -> Iterator[None]:
+    """After a ``system`` test on the session's cluster, collect this process's garbage: a Ray Data job that raised
+    (or was left part-read) keeps its executor, and the CPUs of its actors, until its iterator is collected, and a
+    later job that waits for free CPUs (a resumed one) would wait on them."""
+    yield
+    if "serve_instance" in request.fixturenames and tiers.current and tiers.current[1] == "system":
+        import gc
+
+        gc.collect()
+
+
 @pytest.fixture(scope="session")
 def engine_loop() -> Iterator[asyncio.AbstractEventLoop]:
     """One event loop for the session's in-process engines: vLLM's AsyncLLM binds its output handler to the loop it

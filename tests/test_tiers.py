@@ -146,11 +146,10 @@ def test_a_serve_test_that_sets_the_fleet_to_work_fails_naming_the_system_marker
 
     cases = {
         "a Ray Data job": lambda: ray.data.range(3).take_all(),
-        "killing a Ray actor": lambda: ray.kill(ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")),
+        "killing a Ray actor": lambda: ray.kill("no actor"),  # without the gate, Ray's own ValueError
         "an app of more than one replica": lambda: deploy_app("two", autoscaling={"max_replicas": 2}),
     }
     for what, start in cases.items():
         with pytest.raises(TierError, match=r"mark it @pytest\.mark\.system") as refused:
             start()
         assert what in str(refused.value)
-    assert ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")  # nothing was killed
