@@ -85,8 +85,9 @@ proxy, as Serve's own routers do, instead of in an ingress router HAProxy asks f
 OPTIONAL = ("nice", "python-proxy")  # variants run when named, not by default
 DEFAULT_WORKLOAD = "chats"  # its page is routing_real.md; another workload's is routing_real-<name>.md
 PREFIXES = "prefixes"  # the closed-loop conversations of prefix_load, not a schedule of WORKLOADS
-PREFIX_PEERS = ["app-tokens", "app-tokens-noprefix", "app-tokens-prefix4", "app-serve", "ray-serve-llm-prefix"]
-"""The prefix workload's peers; its two variants of the token router run on that workload alone."""
+PREFIX_VARIANTS = ("app-tokens-noprefix", "app-tokens-prefix4")
+"""Variants of the token router's prefix score: they run on the prefix workload alone."""
+PREFIX_PEERS = ["app-tokens", *PREFIX_VARIANTS, "app-serve", "ray-serve-llm-prefix"]
 
 
 def engines_started(ray_tmp: str) -> int:
@@ -256,9 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         events = schedule(WORKLOADS[args.workload], LOAD_S[mode])
         drive = scheduled(events)
-        args.peers = args.peers or [
-            p for p in PEERS if not any(o in p for o in OPTIONAL) and p not in PREFIX_PEERS[1:3]
-        ]
+        args.peers = args.peers or [p for p in PEERS if not any(o in p for o in OPTIONAL) and p not in PREFIX_VARIANTS]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
         for name in args.peers:
