@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from harness import tiers
+from harness import pytest_tiers, tiers
 from harness.environment import ROOT
 from harness.launcher import SERVE_RUN_START_S, Server, dashboard_address, healthy, merged, serve_run
 from harness.ports import free_port
@@ -142,24 +142,113 @@ def idle(handle: Any) -> None:
     asyncio.run(wait_for(check, 60, "the replica to finish the killed job's requests"))
 
 
+SERVE_CLIENT_POLL_S = 0.05
+"""How often this process's Serve client asks the controller whether a deploy is done (Ray's default: 1 s)."""
+
+
+class SessionCluster:
+    """The session's Ray + Serve cluster and the apps whose replicas are slow to start (they import vLLM or torch),
+    started in a thread as the session's first test begins: they come up while the unit tier runs on the other
+    core. A fixture then takes the cluster (:meth:`url`) or an app (:meth:`app`), waiting for it where it is not up."""
+
+    def __init__(self, apps: list[str]) -> None:
+        self._apps = apps
+        self._error: BaseException | None = None
+        self._url = ""
+        self._up, self._closed = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._start, name="session-cluster", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            import ray
+            from ray import serve
+            from ray.serve._private import client
+
+            # Serve's client checks whether a deploy (or a delete) is done once a second; the tests deploy about a
+            # hundred apps, each then waiting half a second on average for nothing.
+            client.CLIENT_POLLING_INTERVAL_S = SERVE_CLIENT_POLL_S
+            port = free_port()
+            ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            self._url = f"http://127.0.0.1:{port}"
+            for name in self._apps:
+                route, build = SLOW_APPS[name]
+                serve._run(build(), _blocking=False, name=name, route_prefix=route)
+        except BaseException as exc:  # raised where the cluster is taken
+            self._error = exc
+        finally:
+            self._up.set()
+        # Ray's processes die with the thread that started them (Linux's parent-death signal): this one stays.
+        self._closed.wait()
+
+    def url(self) -> str:
+        """The Serve HTTP base URL, once Ray and Serve are up."""
+        self._up.wait()
+        if self._error is not None:
+            raise self._error
+        return self._url
+
+    def closed(self) -> None:
+        """Let the starting thread end, once Ray is shut down."""
+        self._closed.set()
+
+    def app(self, name: str) -> Any:
+        """The handle of :data:`SLOW_APPS` ``name``, once it runs (deployed now if it was not at the start)."""
+        from ray import serve
+
+        self.url()
+        if name not in self._apps:
+            route, build = SLOW_APPS[name]
+            return serve.run(build(), name=name, route_prefix=route)
+
+        def running() -> bool:
+            status = serve.status().applications[name].status
+            if status == "DEPLOY_FAILED":
+                raise RuntimeError(f"the session's app {name!r} failed to deploy: {serve.status().applications[name]}")
+            return status == "RUNNING"
+
+        wait_until(running, 300, f"the session's app {name!r} to run", interval=SERVE_CLIENT_POLL_S)
+        return serve.get_app_handle(name)
+
+
+_cluster: SessionCluster | None = None
+
+
+def session_cluster() -> SessionCluster:
+    global _cluster
+    if _cluster is None:
+        _cluster = SessionCluster([])
+    return _cluster
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cluster_started_early(request) -> Iterator[None]:
+    """Start the session's cluster and the slow apps its tests use (:class:`SessionCluster`) with the session's
+    first test, where a later test of the serve tier or above uses the cluster."""
+    global _cluster
+    items = request.session.items
+    above_unit = [item for item in items if pytest_tiers.tier_of(item) != "unit"]
+    if _cluster is None and any(pytest_tiers.uses(item, "serve_instance") for item in above_unit):
+        _cluster = SessionCluster([name for name in SLOW_APPS if any(uses_slow_app(item, name) for item in items)])
+    yield
+
+
 @pytest.fixture(scope="session")
 def serve_instance():
     """Ray (2 CPUs) and Serve with HTTP on a free loopback port; the base URL."""
     ray = pytest.importorskip("ray")
     from ray import serve
 
-    port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-
     def close() -> None:
         if ray.is_initialized():
             serve.shutdown()
             ray.shutdown()
+        session_cluster().closed()
 
     close_after_last_use("serve_instance", close)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield session_cluster().url()
     finally:
         close()
 
@@ -197,17 +286,41 @@ SCRIPTED: dict[str, Any] = {
 """A SIMULATED app that says scripted replies in the bundled model's tokens, read by vLLM's parsers."""
 
 
+def scripted() -> Any:
+    from serve_app.app import build_app
+
+    return build_app(merged(SIMULATED_DEFAULTS, {**SCRIPTED, "cpus_per_replica": 0}))
+
+
+def padded_embeddings() -> Any:
+    from serve_app.app import build_embeddings_app
+
+    return build_embeddings_app(
+        {"engine": "padded", "cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
+    )
+
+
+SLOW_APPS: dict[str, tuple[str, Callable[[], Any]]] = {
+    "scripted": ("/scripted", scripted),
+    "both-embeddings": ("/both/v1/embeddings", padded_embeddings),
+}
+"""Apps whose replicas import vLLM (the scripted app's parsers) or torch (the padded encoder), by name: their route
+and how they are built. The scripted app serves the whole session; the padded encoder serves test_embeddings' module
+beside its simulated generation app ``both``, which deletes it."""
+
+
+def uses_slow_app(item: pytest.Item, name: str) -> bool:
+    if name == "scripted":
+        return "scripted_app" in getattr(item, "fixturenames", ())
+    return getattr(getattr(item, "callspec", None), "params", {}).get("served") == "padded"
+
+
 @pytest.fixture(scope="session")
 def scripted_app(serve_instance) -> tuple[str, Any]:
     """The :data:`SCRIPTED` app at ``/scripted`` (its base URL and handle), for the tests of what a model writes (tool
     calls, reasoning, the Responses API, agent frameworks): one for the session, as its replica imports vLLM for the
     parsers, taking no logical CPU (which later modules' Ray Data jobs count on)."""
-    from ray import serve
-
-    from serve_app.app import build_app
-
-    config = merged(SIMULATED_DEFAULTS, {**SCRIPTED, "cpus_per_replica": 0})
-    return serve_instance + "/scripted", serve.run(build_app(config), name="scripted", route_prefix="/scripted")
+    return serve_instance + "/scripted", session_cluster().app("scripted")
 
 
 def _delete(names: list[str]) -> None:

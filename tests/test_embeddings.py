@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import sized, wait_for
+from .conftest import session_cluster, sized, wait_for
 
 MODEL = "all-MiniLM-L6-v2"
 TEXT = "the model reads every token of a request and the batcher groups requests of similar length"
@@ -217,8 +217,6 @@ class Served:
     run: Callable[..., Any]
 
 
-PADDED_APP = {"engine": "padded", "cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
-
 ENGINES = [
     pytest.param("padded", id="padded", marks=pytest.mark.serve),
     pytest.param("vllm", id="vllm", marks=pytest.mark.system),  # the default engine: the session's real app
@@ -235,11 +233,9 @@ def served(request, real_apps) -> Iterator[Served]:
         return
     from ray import serve
 
-    from serve_app.app import build_embeddings_app
-
     url = request.getfixturevalue("serve_instance")
     request.getfixturevalue("deploy_app")("both", embeddings_app="both-embeddings", simulated={"step_s": 0.001})
-    serve.run(build_embeddings_app(PADDED_APP), name="both-embeddings", route_prefix="/both/v1/embeddings")
+    session_cluster().app("both-embeddings")  # started with the session's cluster, its replica loads torch
     yield Served(url + "/both/v1", "both-embeddings", "padded", lambda name, *args: globals()[name](*args))
     serve.delete("both-embeddings", _blocking=False)
 

@@ -166,32 +166,45 @@ async def test_full_queue_fails_fast_with_503_and_retry_after(serve_instance, de
 
 
 async def test_reconfigure_changes_batcher_knobs_live(serve_instance):
+    """A deployment's ``user_config`` changed in the app's config (as ``serve deploy`` sends serve_config.yaml) is
+    applied to the running replica: its engine stays, its batcher is swapped."""
     from ray import serve
+    from ray.serve.schema import ServeDeploySchema
 
-    from serve_app.app import deployment_options
-    from serve_app.config import AppConfig
-    from serve_app.serving.llm import LLMServer
+    from .conftest import SIMULATED_DEFAULTS, wait_for
 
-    config = AppConfig(engine="simulated", autoscaling={"min_replicas": 1, "max_replicas": 1}, cpus_per_replica=0.25)
-    deployment = LLMServer.options(**deployment_options(config))
-    handle = serve.run(deployment.bind(config.model_dump()), name="knobs", route_prefix="/knobs")
-    assert (await handle.stats.remote())["batcher_settings"]["max_inflight"] == "auto"
-    live = deployment.options(user_config={"batcher": {"max_inflight": 3}})
-    handle = serve.run(live.bind(config.model_dump()), name="knobs", route_prefix="/knobs")
-    stats = await handle.stats.remote()
-    assert stats["batcher_settings"]["max_inflight"] == 3
-    assert stats["batcher"]["total_completed"] == 0  # the same settings path, a fresh batcher
+    client = serve.context._get_global_client()
+    args = merged(SIMULATED_DEFAULTS, {"autoscaling": {"min_replicas": 1, "max_replicas": 1}})
+    app = {"name": "knobs", "route_prefix": "/knobs", "import_path": "serve_app.app:build_app", "args": args}
+
+    async def deployed(user_config: dict[str, Any] | None, want: dict[str, Any]) -> Any:
+        deployments = [] if user_config is None else [{"name": "LLMServer", "user_config": user_config}]
+        client.deploy_apps(ServeDeploySchema(applications=[{**app, "deployments": deployments}]))
+
+        async def applied() -> Any:
+            status = serve.status().applications.get("knobs")
+            if status is None or status.status != "RUNNING":
+                return None
+            handle = serve.get_app_handle("knobs")
+            settings = (await handle.stats.remote())["batcher_settings"]
+            return handle if all(settings[key] == value for key, value in want.items()) else None
+
+        return await wait_for(applied, 120, f"the batcher settings {want}", interval=0.05)
+
+    handle = await deployed(None, {"max_inflight": "auto"})
+    handle = await deployed({"batcher": {"max_inflight": 3}}, {"max_inflight": 3})
+    assert (await handle.stats.remote())["batcher"]["total_completed"] == 0  # the same settings path, a fresh batcher
     results = await asyncio.gather(*(handle.generate.remote(f"r{i}", max_tokens=5) for i in range(9)))
     assert len(results) == 9
     after = await handle.stats.remote()
     assert after["batcher"]["total_completed"] == 9
     assert 1 < after["engine_stats"]["peak_running"] <= 3  # the new cap held inside the engine
-    batch = deployment.options(user_config={"batcher": {"mode": "batch", "max_batch_size": 3}})
-    handle = serve.run(batch.bind(config.model_dump()), name="knobs", route_prefix="/knobs")
+    handle = await deployed({"batcher": {"mode": "batch", "max_batch_size": 3}}, {"mode": "batch"})
     results = await asyncio.gather(*(handle.generate.remote(f"b{i}", max_tokens=1) for i in range(9)))
-    after = (await handle.stats.remote())["batcher"]
+    stats = await handle.stats.remote()
     assert [r["text"] for r in results] == [f"[simulated] b{i}" for i in range(9)]
-    assert after["total_completed"] == 9 and after["avg_batch_size"] <= 3  # batch mode, live
+    assert stats["batcher"]["total_completed"] == 9 and stats["batcher"]["avg_batch_size"] <= 3  # batch mode, live
+    assert stats["engine_stats"]["requests"] == 18  # one engine all along: the replica was reconfigured, not replaced
     serve.delete("knobs", _blocking=False)
 
 
