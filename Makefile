@@ -22,6 +22,7 @@ setup: $(STAMP)
 
 model: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m serve_app.models prepare
+	HF_HUB_OFFLINE=1 $(BIN)/python -m serve_app.adapters prepare
 
 # serve.env: Ray Serve's throughput settings, environment variables of every Ray process serve run starts;
 # a value starting with ./ is a path in this project, made absolute.

@@ -547,13 +547,16 @@ def engine_loop() -> Iterator[asyncio.AbstractEventLoop]:
 @pytest.fixture(scope="session")
 def real_core(engine_loop):
     """The generation core on vLLM's engine and the bundled model, in this process, as a replica or a Ray Data actor
-    holds it."""
+    holds it; with the bundled LoRA adapter (``make model`` trains it), so that adapters are tested on the same
+    engine."""
     pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
+    from serve_app.adapters import BUNDLED_ADAPTER
     from serve_app.config import AppConfig
     from serve_app.core import Generator
 
     # Built in the test process itself, which must not lower its own priority as a replica does.
-    core = Generator(AppConfig(vllm={"max_model_len": 1024, "cpu_replica_niceness": 0}))
+    vllm = {"max_model_len": 1024, "cpu_replica_niceness": 0}
+    core = Generator(AppConfig(vllm=vllm, lora={"adapters": {BUNDLED_ADAPTER: "bundled"}, "max_rank": 8}))
     engine_loop.run_until_complete(core.start())
     stopped: list[bool] = []
 

@@ -6,6 +6,7 @@ from .batcher import AUTO_FALLBACK_INFLIGHT, AUTO_FALLBACK_TOKENS, BatcherSettin
 from .common import API_KEY_ENV, DATA_PRIORITY, DEFAULT_MAX_REQUEST_BODY_BYTES, AutoscalingSettings, DeploymentConfig
 from .embeddings import EmbeddingConfig
 from .generation import AppConfig, SamplingDefaults, SimulatedSettings, VLLMSettings
+from .lora import LoraSettings
 
 __all__ = [
     "API_KEY_ENV",
@@ -20,6 +21,7 @@ __all__ = [
     "ContinuousSettings",
     "DeploymentConfig",
     "EmbeddingConfig",
+    "LoraSettings",
     "SamplingDefaults",
     "SimulatedSettings",
     "VLLMSettings",

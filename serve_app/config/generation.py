@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from ..models import BUNDLED_NAME
 from .batcher import BatcherSettings, ContinuousSettings
 from .common import AutoOrCount, AutoOrPositive, DeploymentConfig, ProjectFile, Strict
+from .lora import LoraSettings
 
 
 class SamplingDefaults(Strict):
@@ -250,6 +251,7 @@ class AppConfig(DeploymentConfig):
     batcher: BatcherSettings = Field(default_factory=ContinuousSettings)
     vllm: VLLMSettings = Field(default_factory=VLLMSettings)
     simulated: SimulatedSettings = Field(default_factory=SimulatedSettings)
+    lora: LoraSettings | None = Field(None, description="LoRA adapters a request names in `model` (see `lora.*`)")
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:
@@ -268,6 +270,8 @@ class AppConfig(DeploymentConfig):
             )
         if self.placement is not None:
             self._check_placement(self.placement)
+        if self.lora is not None and self.model_name in self.lora.adapters:
+            raise ValueError(f"lora.adapters: {self.model_name!r} is the base model's name")
         if self.sampling.max_tokens > self.max_tokens_limit:
             raise ValueError(
                 f"sampling.max_tokens ({self.sampling.max_tokens}) must be <= max_tokens_limit "

@@ -84,11 +84,14 @@ def _table(model: BaseModel, prefix: str = "") -> Iterator[str]:
     yield "| key | type | default | meaning |"
     yield "| --- | --- | --- | --- |"
     for name, field in type(model).model_fields.items():
-        value = getattr(model, name)
-        if isinstance(value, BaseModel):
+        if not hasattr(model, name):  # a required field of settings that are off by default
+            default = "required"
+        elif isinstance(value := getattr(model, name), BaseModel):
             continue
+        else:
+            default = _value(value)
         kind = _type(field.annotation) + "".join(_bound(m) for m in field.metadata)
-        yield f"| `{prefix}{name}` | {kind} | {_value(value)} | {field.description or ''} |"
+        yield f"| `{prefix}{name}` | {kind} | {default} | {field.description or ''} |"
 
 
 def _sections(model: BaseModel, title: str) -> Iterator[str]:
@@ -113,10 +116,11 @@ def _sections(model: BaseModel, title: str) -> Iterator[str]:
 
 
 def _optional_model(annotation: Any) -> BaseModel | None:
-    """For a ``Settings | None`` field that is off by default: the settings' defaults, once set."""
+    """For a ``Settings | None`` field that is off by default: the settings' defaults, once set (a required field
+    left unset)."""
     for arg in typing.get_args(annotation):
         if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg()
+            return arg.model_construct()
     return None
 
 

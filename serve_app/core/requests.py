@@ -27,7 +27,17 @@ from ..openai.tokenize import DetokenizeRequest, TokenizeRequest
 from ..openai.types import is_valid_unicode
 from .base import check_batch
 
-_NOT_SAMPLING = {"max_tokens", "temperature", "top_p", "stop", "seed", "logit_bias", "logprobs", "structured_outputs"}
+_NOT_SAMPLING = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "seed",
+    "logit_bias",
+    "logprobs",
+    "structured_outputs",
+}
 INTERACTIVE = Origin()
 """Priority 0, no tenant: what an HTTP or handle request is unless it says otherwise."""
 
@@ -58,11 +68,20 @@ class RequestBuilder:
         self.refuse(body, model)
         return self.sampling(body)
 
+    def adapter(self, model: str | None) -> str | None:
+        """The LoRA adapter ``model`` names (None: the base model); raises for a model this server does not
+        serve, naming those it does."""
+        adapters = self.config.lora.adapters if self.config.lora is not None else {}
+        if model is None or model in (self.config.model_name, self.config.model):
+            return None
+        if model in adapters:
+            return model
+        served = ", ".join(f"`{name}`" for name in [self.config.model_name, *adapters])
+        raise ModelNotFoundError(f"The model `{model}` does not exist; this server serves {served}")
+
     def refuse(self, body: Any, model: str | None) -> None:
         """Raise for a model this server does not serve, then for the body's first refusal (``refusals()``)."""
-        if model is not None and model not in (self.config.model_name, self.config.model):
-            served = self.config.model_name
-            raise ModelNotFoundError(f"The model `{model}` does not exist; this server serves `{served}`")
+        self.adapter(model)
         for field, why in body.refusals():
             raise RequestError(f"{field}: {why}", param=field)
 
@@ -109,6 +128,7 @@ class RequestBuilder:
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             structured_outputs=fields.output_constraint(),
+            adapter=self.adapter(fields.model),
             **given,
         )
         self._check_engine(options, fields.constraint_field())

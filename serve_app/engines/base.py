@@ -72,6 +72,8 @@ class SamplingOptions:
     """The same for each prompt token (what OpenAI's completions ``echo`` with ``logprobs`` returns)."""
     structured_outputs: StructuredOutputs | None = None
     """A constraint the output must match (``response_format``, vLLM's ``structured_outputs``); None: free text."""
+    adapter: str | None = None
+    """The LoRA adapter the request runs with (its name in ``lora.adapters``); None: the base model."""
 
 
 @dataclass

@@ -52,7 +52,9 @@ class _Sequence:
         if self.script is not None:
             return self.script[index][0]
         word = self.words[index % len(self.words)]
-        return PREFIX + word if index == 0 else " " + word
+        adapter = self.request.sampling.adapter
+        prefix = PREFIX if adapter is None else f"[simulated {adapter}] "  # an adapter's answer shows its name
+        return prefix + word if index == 0 else " " + word
 
     def token_id(self, index: int) -> int:
         """The id of output token ``index``: the script's, or the sum of its text's bytes."""

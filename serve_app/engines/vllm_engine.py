@@ -16,7 +16,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import VLLMSettings
+from ..config import LoraSettings, VLLMSettings
+from ..config.lora import adapter_folder
 from ..errors import RequestError
 from .async_llm import (
     AsyncLLMLifecycle,
@@ -64,6 +65,18 @@ def vllm_refusals(what: str | None = None) -> Iterator[None]:
         raise RequestError(f"{what}: {message}" if what else message, param=param) from None
 
 
+def lora_requests(lora: LoraSettings | None) -> dict[str, Any]:
+    """vLLM's ``LoRARequest`` of each adapter, by name (ids from 1, in the settings' order)."""
+    if lora is None:
+        return {}
+    from vllm.lora.request import LoRARequest
+
+    return {
+        name: LoRARequest(name, index, adapter_folder(folder))
+        for index, (name, folder) in enumerate(lora.adapters.items(), start=1)
+    }
+
+
 def paced_step_tokens(step_tokens: int) -> int:
     """Lower priorities' tokens a step on a CPU while interactive requests are about: a share of vLLM's step."""
     return max(1, step_tokens // PACED_STEP_SHARE)
@@ -76,11 +89,15 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
     returns_logprobs = True
     structures_outputs = True
 
-    def __init__(self, model: str, settings: VLLMSettings, workers_on_gpus: bool = False) -> None:
+    def __init__(
+        self, model: str, settings: VLLMSettings, workers_on_gpus: bool = False, lora: LoraSettings | None = None
+    ) -> None:
         """``workers_on_gpus``: the engine's workers run in the replica's placement group, on its GPUs (the replica
-        process itself then sees none)."""
+        process itself then sees none); ``lora``: the adapters a request may run with."""
         on_gpu = self._on_gpu = workers_on_gpus or has_cuda()
-        args = {"scheduling_policy": settings.scheduling_policy, **settings.engine_args}
+        args = {"scheduling_policy": settings.scheduling_policy, **(lora.engine_args() if lora else {})}
+        args.update(settings.engine_args)
+        self._adapters = lora_requests(lora)
         self._priorities = args["scheduling_policy"] == "priority"  # vLLM refuses a request's priority under fcfs
         self.max_model_len = settings.max_model_len
         self._chat_template = Path(settings.chat_template).read_text() if settings.chat_template else None
@@ -223,6 +240,8 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             params = self.sampling_params(request.sampling)
             prompt = await render_tokens(self._llm, request.prompt_token_ids)
             options: dict[str, Any] = {"priority": request.priority} if self._priorities else {}
+            if request.sampling.adapter is not None:
+                options["lora_request"] = self._adapters[request.sampling.adapter]
             if request.reasoning_ended is not None:
                 options["reasoning_ended"] = request.reasoning_ended
             unsent = None  # the prompt's log probabilities, until a delta carries them

@@ -28,6 +28,7 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    model: Text | None = Field(None, description="the served model's name, or a LoRA adapter's (`lora.adapters`)")
     max_tokens: int | None = Field(None, ge=1, description="new tokens per prompt")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -151,7 +152,6 @@ class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: Text | None = None
     n: int = Field(1, ge=1, le=16)
     stream: bool | None = False
     stream_options: StreamOptions | None = None

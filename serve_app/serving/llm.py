@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 
 from ..config import AppConfig
+from ..config.lora import adapter_folder
 from ..core import Generator, parse
 from ..core.base import check_batch
 from ..core.generator import succeeded
@@ -183,7 +184,8 @@ class LLMServer(Replica):
         requests = await self.core.requests.completion(body)
         echo = [r.prompt_text for r in requests[:: body.n]] if body.echo else []
         ids = [r.prompt_token_ids for r in requests[:: body.n]] if body.return_token_ids else None
-        fmt = CompletionFormat(self.config.model_name, body.n, echo, body.logprob_counts()[0], body.echo_only, ids)
+        model = requests[0].sampling.adapter or self.config.model_name
+        fmt = CompletionFormat(model, body.n, echo, body.logprob_counts()[0], body.echo_only, ids)
         return await self._answer(body, requests, fmt)
 
     @api.post("/v1/chat/completions")
@@ -199,7 +201,8 @@ class LLMServer(Replica):
     ) -> ChatFormat:
         calls, reader = self._tool_calls(body), self._reader(body, requests[0])
         top = body.logprob_counts()[0]
-        return ChatFormat(self.config.model_name, body.n, top, ids, calls, reader, body.include_reasoning)
+        model = requests[0].sampling.adapter or self.config.model_name  # an adapter answers under its own name
+        return ChatFormat(model, body.n, top, ids, calls, reader, body.include_reasoning)
 
     @api.post("/v1/responses")
     async def http_responses(self, body: ResponsesRequest, key: KeyTenant) -> Response:
@@ -299,10 +302,19 @@ class LLMServer(Replica):
 
         return event_stream(events(), lambda: fmt.usage_chunk(results) if body.include_usage else None)
 
+    def adapter_cards(self, base: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each LoRA adapter as vLLM's ``/v1/models`` lists it: its folder as ``root``, the base model as ``parent``."""
+        adapters = self.config.lora.adapters if self.config.lora is not None else {}
+        return [
+            {**base, "id": name, "root": adapter_folder(folder, prepare=False), "parent": base["id"]}
+            for name, folder in adapters.items()
+        ]
+
     async def model_cards(self) -> list[dict[str, Any]]:
         """This app's model, and the embedding app's when one is configured beside it (``embeddings_app``) and
         answers within a few seconds (``/v1/models`` must not fail because of it)."""
-        cards = [await self.model_card()]
+        base = await self.model_card()
+        cards = [base, *self.adapter_cards(base)]
         name = self.config.embeddings_app
         if name is not None:
             try:

@@ -1,0 +1,125 @@
+"""LoRA adapters: the ``lora`` setting, a request naming an adapter in ``model`` on every door (the SIMULATED
+engine, whose answers show the adapter they ran with), ``/v1/models`` listing adapters under their base model, and
+the bundled adapter on vLLM's engine (the session's ``real_core``), whose trained answer the base model never gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from serve_app.config import AppConfig, LoraSettings
+from serve_app.core import Generator
+from serve_app.errors import ModelNotFoundError
+from serve_app.openai.common import SamplingFields
+
+ADAPTERS = {"answer": "bundled", "legal": "bundled"}
+LORA = {"adapters": ADAPTERS}
+
+
+def adapter_folder(tmp_path: Path, rank: int = 8) -> str:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": rank, "target_modules": ["q_proj"]}))
+    return str(tmp_path)
+
+
+def test_lora_settings_name_each_bad_value(tmp_path):
+    good = LoraSettings(adapters={"mine": adapter_folder(tmp_path), "ours": "bundled"}, max_loaded=4)
+    assert good.engine_args() == {"enable_lora": True, "max_loras": 2, "max_lora_rank": 16, "max_cpu_loras": 2}
+    with pytest.raises(ValidationError, match=r"adapter 'gone': no adapter_config\.json"):
+        LoraSettings(adapters={"gone": str(tmp_path / "nothing")})
+    with pytest.raises(ValidationError, match="adapter name 'a b'"):
+        LoraSettings(adapters={"a b": "bundled"})
+    with pytest.raises(ValidationError, match="adapters"):
+        LoraSettings(adapters={})
+    with pytest.raises(ValidationError, match="max_rank"):
+        LoraSettings(adapters=ADAPTERS, max_rank=12)  # not one of vLLM's sizes
+    with pytest.raises(ValidationError, match="the base model's name"):
+        AppConfig(engine="simulated", lora={"adapters": {"SmolLM2-135M-Instruct": "bundled"}})
+
+
+def test_the_vllm_engine_gets_each_adapter_as_a_lora_request_of_its_own(tmp_path):
+    pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
+    from serve_app.engines.vllm_engine import lora_requests
+
+    one, two = adapter_folder(tmp_path / "one"), adapter_folder(tmp_path / "two")
+    requests = lora_requests(LoraSettings(adapters={"answer": one, "legal": two}))
+    assert [(r.lora_name, r.lora_int_id, r.lora_path) for r in requests.values()] == [
+        ("answer", 1, one),
+        ("legal", 2, two),
+    ]
+    assert lora_requests(None) == {}
+
+
+async def test_model_picks_the_adapter_on_every_core_path_and_an_unknown_one_is_named():
+    generator = Generator(AppConfig(engine="simulated", lora=LORA))
+    await generator.start()
+    try:
+        builder = generator.requests
+        assert builder.adapter(None) is None and builder.adapter("SmolLM2-135M-Instruct") is None
+        assert builder.adapter("legal") == "legal"
+        with pytest.raises(ModelNotFoundError, match=r"`nope` does not exist; this server serves .*`answer`, `legal`"):
+            builder.adapter("nope")
+        (request,) = await builder.prompts(["hello"], builder.sampling(SamplingFields(model="answer", max_tokens=2)))
+        assert request.sampling.adapter == "answer"
+        (result,) = await generator.complete([request])
+        assert result.text.startswith("[simulated answer] hello")
+        rows = await generator.rows(["a", "b"], {"model": "legal", "max_tokens": 1})  # what a Ray Data job runs
+        assert [row["text"] for row in rows] == ["[simulated legal] a", "[simulated legal] b"]
+        with pytest.raises(ModelNotFoundError, match="`nope` does not exist"):  # the job's own setting: at once
+            await generator.rows(["a"], {"model": "nope"})
+    finally:
+        await generator.stop()
+
+
+@pytest.mark.serve
+async def test_every_http_route_and_handles_answer_with_the_adapter_named_in_model(serve_instance, deploy):
+    handle = deploy("lora", lora=LORA, simulated={"step_s": 0.001})
+    base = serve_instance + "/lora"
+    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        models = (await http.get("/v1/models")).json()["data"]
+        assert [(m["id"], m["parent"]) for m in models] == [
+            ("SmolLM2-135M-Instruct", None),
+            ("answer", "SmolLM2-135M-Instruct"),
+            ("legal", "SmolLM2-135M-Instruct"),
+        ]
+        completion = await http.post("/v1/completions", json={"model": "answer", "prompt": "hi", "max_tokens": 2})
+        assert completion.json()["model"] == "answer"
+        assert completion.json()["choices"][0]["text"] == "[simulated answer] hi hi"
+        chat = {"model": "legal", "messages": [{"role": "user", "content": "yo"}], "max_tokens": 1, "stream": True}
+        async with http.stream("POST", "/v1/chat/completions", json=chat) as stream:
+            events = [json.loads(line[6:]) async for line in stream.aiter_lines() if line.startswith("data: {")]
+        assert {event["model"] for event in events} == {"legal"}
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]).startswith(
+            "[simulated legal]"
+        )
+        generated = await http.post("/generate", json={"model": "legal", "prompts": ["x"], "max_tokens": 1})
+        assert generated.json()["results"] == ["[simulated legal] x"]
+        missing = await http.post("/v1/completions", json={"model": "nope", "prompt": "hi"})
+        assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+        assert "`nope` does not exist" in missing.json()["error"]["message"]
+        assert "`answer`, `legal`" in missing.json()["error"]["message"]
+    assert (await handle.generate.remote("h", model="answer", max_tokens=1))["text"] == "[simulated answer] h"
+    with pytest.raises(ValueError, match="`nope` does not exist"):
+        await handle.generate.remote("h", model="nope")
+
+
+@pytest.mark.system
+def test_the_bundled_adapter_answers_as_trained_on_vllms_engine_and_the_base_model_does_not(real_core, engine_loop):
+    from serve_app.adapters import ADAPTER_REPLY, BUNDLED_ADAPTER, questions
+    from serve_app.openai.chat import ChatCompletionRequest
+
+    async def answers(model: str | None) -> list[str]:
+        requests = []
+        for question in questions(3, seed=7):  # not what it was trained on
+            body = ChatCompletionRequest(model=model, messages=[{"role": "user", "content": question}], max_tokens=8)
+            requests += await real_core.requests.chat_completion(body)
+        return [result.text for result in await real_core.complete(requests)]
+
+    adapted = engine_loop.run_until_complete(answers(BUNDLED_ADAPTER))
+    assert all(text.startswith(ADAPTER_REPLY) for text in adapted), adapted
+    base = engine_loop.run_until_complete(answers(None))
+    assert not any(text.startswith("ANSWER") for text in base), base
