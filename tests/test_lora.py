@@ -1,9 +1,11 @@
 """LoRA adapters: the ``lora`` setting, a request naming an adapter in ``model`` on every door (the SIMULATED
-engine, whose answers show the adapter they ran with), ``/v1/models`` listing adapters under their base model, and
-the bundled adapter on vLLM's engine (the session's ``real_core``), whose trained answer the base model never gives."""
+engine, whose answers show the adapter they ran with), ``/v1/models`` listing adapters under their base model,
+adapters loaded and unloaded at run time, and the bundled adapter on vLLM's engine (the session's ``real_core``),
+whose trained answer the base model never gives."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -46,12 +48,16 @@ def test_the_vllm_engine_gets_each_adapter_as_a_lora_request_of_its_own(tmp_path
     from serve_app.engines.vllm_engine import lora_requests
 
     one, two = adapter_folder(tmp_path / "one"), adapter_folder(tmp_path / "two")
-    requests = lora_requests(LoraSettings(adapters={"answer": one, "legal": two}))
+    ids = itertools.count(1)
+    requests = lora_requests(LoraSettings(adapters={"answer": one, "legal": two}).adapters, ids)
     assert [(r.lora_name, r.lora_int_id, r.lora_path) for r in requests.values()] == [
         ("answer", 1, one),
         ("legal", 2, two),
     ]
-    assert lora_requests(None) == {}
+    later = lora_requests({"legal": two, "new": one}, ids, requests)  # "answer" unloaded, "new" loaded at run time
+    assert [(r.lora_name, r.lora_int_id) for r in later.values()] == [("legal", 2), ("new", 3)]
+    again = lora_requests({"answer": one}, ids, later)  # loaded again: a new id, never one used before
+    assert later["legal"] is requests["legal"] and again["answer"].lora_int_id == 4
 
 
 async def test_model_picks_the_adapter_on_every_core_path_and_an_unknown_one_is_named():
@@ -75,10 +81,15 @@ async def test_model_picks_the_adapter_on_every_core_path_and_an_unknown_one_is_
         await generator.stop()
 
 
+@pytest.fixture(scope="module")
+def lora_app(serve_instance, deploy_app):
+    """A SIMULATED app serving :data:`LORA`'s adapters: its base URL and handle."""
+    return serve_instance + "/lora", deploy_app("lora", lora=LORA, simulated={"step_s": 0.001})
+
+
 @pytest.mark.serve
-async def test_every_http_route_and_handles_answer_with_the_adapter_named_in_model(serve_instance, deploy):
-    handle = deploy("lora", lora=LORA, simulated={"step_s": 0.001})
-    base = serve_instance + "/lora"
+async def test_every_http_route_and_handles_answer_with_the_adapter_named_in_model(lora_app):
+    base, handle = lora_app
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
         models = (await http.get("/v1/models")).json()["data"]
         assert [(m["id"], m["parent"]) for m in models] == [
@@ -107,9 +118,44 @@ async def test_every_http_route_and_handles_answer_with_the_adapter_named_in_mod
         await handle.generate.remote("h", model="nope")
 
 
+@pytest.mark.serve
+async def test_adapters_load_and_unload_at_run_time_as_vllms_server_does(lora_app, scripted_app, tmp_path):
+    base, _ = lora_app
+    fresh, wide = adapter_folder(tmp_path / "fresh"), adapter_folder(tmp_path / "wide", rank=32)
+    ask = {"model": "fresh", "prompt": "hi", "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        assert (await http.post("/v1/completions", json=ask)).status_code == 404
+        loaded = await http.post("/v1/load_lora_adapter", json={"lora_name": "fresh", "lora_path": fresh})
+        assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'fresh' added successfully."
+        assert (await http.post("/v1/completions", json=ask)).json()["choices"][0]["text"] == "[simulated fresh] hi"
+        models = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
+        assert models["fresh"]["root"] == fresh and models["fresh"]["parent"] == "SmolLM2-135M-Instruct"
+        for body, param, words in [
+            ({"lora_name": "fresh", "lora_path": fresh}, "lora_name", "has already been loaded"),
+            ({"lora_name": "answer", "lora_path": fresh}, "lora_name", "has already been loaded"),
+            ({"lora_name": "wide", "lora_path": wide}, "lora_path", "rank 32 is above lora.max_rank (16)"),
+            ({"lora_name": "gone", "lora_path": str(tmp_path / "nothing")}, "lora_path", "no LoRA adapter in"),
+            ({"lora_name": "a b", "lora_path": fresh}, "lora_name", "letters, digits"),
+        ]:
+            refused = await http.post("/v1/load_lora_adapter", json=body)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+            assert words in refused.json()["error"]["message"]
+        static = await http.post("/v1/unload_lora_adapter", json={"lora_name": "answer"})
+        assert static.status_code == 400 and "cannot be unloaded" in static.json()["error"]["message"]
+        unloaded = await http.post("/v1/unload_lora_adapter", json={"lora_name": "fresh"})
+        assert unloaded.status_code == 200 and unloaded.text == "Success: LoRA adapter 'fresh' removed successfully."
+        assert (await http.post("/v1/completions", json=ask)).status_code == 404
+        again = await http.post("/v1/unload_lora_adapter", json={"lora_name": "fresh"})
+        assert again.status_code == 404 and "cannot be found" in again.json()["error"]["message"]
+    without, _ = scripted_app  # an app without the lora setting
+    async with httpx.AsyncClient(base_url=without, timeout=60) as http:
+        refused = await http.post("/v1/load_lora_adapter", json={"lora_name": "fresh", "lora_path": fresh})
+        assert refused.status_code == 400 and "set `lora`" in refused.json()["error"]["message"]
+
+
 @pytest.mark.system
 def test_the_bundled_adapter_answers_as_trained_on_vllms_engine_and_the_base_model_does_not(real_core, engine_loop):
-    from serve_app.adapters import ADAPTER_REPLY, BUNDLED_ADAPTER, questions
+    from serve_app.adapters import ADAPTER_REPLY, BUNDLED_ADAPTER, adapter_path, questions
     from serve_app.openai.chat import ChatCompletionRequest
 
     async def answers(model: str | None) -> list[str]:
@@ -123,3 +169,13 @@ def test_the_bundled_adapter_answers_as_trained_on_vllms_engine_and_the_base_mod
     assert all(text.startswith(ADAPTER_REPLY) for text in adapted), adapted
     base = engine_loop.run_until_complete(answers(None))
     assert not any(text.startswith("ANSWER") for text in base), base
+    # loaded at run time under another name, then unloaded: vLLM's engine adds it with its first request, then
+    # removes it
+    engine_loop.run_until_complete(real_core.set_runtime_adapters({"again": str(adapter_path())}))
+    try:
+        assert all(text.startswith(ADAPTER_REPLY) for text in engine_loop.run_until_complete(answers("again")))
+    finally:
+        engine_loop.run_until_complete(real_core.set_runtime_adapters({}))
+    with pytest.raises(ModelNotFoundError, match="`again` does not exist"):
+        engine_loop.run_until_complete(answers("again"))
+    assert set(engine_loop.run_until_complete(real_core.engine._llm.list_loras())) <= {1}  # the setting's alone

@@ -16,6 +16,12 @@ BUNDLED = "bundled"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 
 
+def check_adapter_name(name: str) -> None:
+    """Raise ``ValueError`` for a name a request could not send as ``model``."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"adapter name {name!r}: letters, digits and . _ : - only, starting with a letter or digit")
+
+
 def adapter_folder(folder: str, prepare: bool = True) -> str:
     """The folder an adapter loads from: ``bundled`` is the bundled adapter's (trained here if it is not yet and
     ``prepare``)."""
@@ -47,8 +53,7 @@ class LoraSettings(Strict):
     def _names_and_folders(cls, adapters: dict[str, str]) -> dict[str, str]:
         out = {}
         for name, folder in adapters.items():
-            if not _NAME.fullmatch(name):
-                raise ValueError(f"adapter name {name!r}: letters, digits and . _ : - only")
+            check_adapter_name(name)
             if folder != BUNDLED:
                 path = (PROJECT / Path(folder).expanduser()).resolve()
                 if not (path / "adapter_config.json").is_file():

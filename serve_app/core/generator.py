@@ -62,6 +62,13 @@ class Generator(Core[AppConfig, BatcherSettings]):
         self.requests = RequestBuilder(engine, config)
         super().__init__(config, engine, observer)
 
+    async def set_runtime_adapters(self, runtime: dict[str, str]) -> None:
+        """Serve the ``lora.adapters`` setting's adapters and ``runtime`` (name -> folder, loaded at run time):
+        requests may name them from now on, and the engine forgets an adapter no longer among them."""
+        adapters = {**runtime, **(self.config.lora.adapters if self.config.lora is not None else {})}
+        self.requests.adapters = adapters
+        await self.engine.set_adapters(adapters)
+
     def _new_batcher(self, settings: BatcherSettings) -> TokenBatcher | ContinuousBatcher:
         """``settings.mode``'s batcher; ``auto`` sizes come from the engine (its KV cache, its running cap, its step
         figure for lower priorities)."""

@@ -61,6 +61,8 @@ class RequestBuilder:
     def __init__(self, engine: Engine, config: AppConfig) -> None:
         self.engine = engine
         self.config = config
+        self.adapters: dict[str, str] = dict(config.lora.adapters) if config.lora is not None else {}
+        """The LoRA adapters a request may name (name -> folder): the setting's, and those loaded at run time."""
 
     def check(self, body: SamplingFields, model: str | None = None) -> SamplingOptions:
         """Refuse what ``body`` asks for that cannot be honoured, and a model this server does not serve; return
@@ -71,12 +73,11 @@ class RequestBuilder:
     def adapter(self, model: str | None) -> str | None:
         """The LoRA adapter ``model`` names (None: the base model); raises for a model this server does not
         serve, naming those it does."""
-        adapters = self.config.lora.adapters if self.config.lora is not None else {}
         if model is None or model in (self.config.model_name, self.config.model):
             return None
-        if model in adapters:
+        if model in self.adapters:
             return model
-        served = ", ".join(f"`{name}`" for name in [self.config.model_name, *adapters])
+        served = ", ".join(f"`{name}`" for name in [self.config.model_name, *self.adapters])
         raise ModelNotFoundError(f"The model `{model}` does not exist; this server serves {served}")
 
     def refuse(self, body: Any, model: str | None) -> None:

@@ -297,6 +297,10 @@ class Engine(abc.ABC):
     async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Stop a request whose caller went away (its result is then discarded)."""
 
+    async def set_adapters(self, adapters: dict[str, str]) -> None:  # noqa: B027 - no adapters to load by default
+        """Serve exactly these LoRA adapters (name -> folder) from now on: new ones load when first asked for,
+        the engine forgets the others."""
+
     def stats(self) -> dict[str, int]:
         """The engine's own counters (requests run, aborts received), shown in the replica's stats."""
         return {}

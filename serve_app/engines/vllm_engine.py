@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, replace
@@ -65,15 +66,15 @@ def vllm_refusals(what: str | None = None) -> Iterator[None]:
         raise RequestError(f"{what}: {message}" if what else message, param=param) from None
 
 
-def lora_requests(lora: LoraSettings | None) -> dict[str, Any]:
-    """vLLM's ``LoRARequest`` of each adapter, by name (ids from 1, in the settings' order)."""
-    if lora is None:
-        return {}
+def lora_requests(adapters: dict[str, str], ids: Iterator[int], known: dict[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's ``LoRARequest`` of each adapter, by name: the ``known`` one where there is one, else a new one with
+    the next of ``ids`` (an id names one adapter for the engine's lifetime, never reused)."""
     from vllm.lora.request import LoRARequest
 
+    known = known or {}
     return {
-        name: LoRARequest(name, index, adapter_folder(folder))
-        for index, (name, folder) in enumerate(lora.adapters.items(), start=1)
+        name: known.get(name) or LoRARequest(name, next(ids), adapter_folder(folder))
+        for name, folder in adapters.items()
     }
 
 
@@ -97,7 +98,8 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         on_gpu = self._on_gpu = workers_on_gpus or has_cuda()
         args = {"scheduling_policy": settings.scheduling_policy, **(lora.engine_args() if lora else {})}
         args.update(settings.engine_args)
-        self._adapters = lora_requests(lora)
+        self._lora_ids = itertools.count(1)
+        self._adapters = lora_requests(lora.adapters, self._lora_ids) if lora is not None else {}
         self._priorities = args["scheduling_policy"] == "priority"  # vLLM refuses a request's priority under fcfs
         self.max_model_len = settings.max_model_len
         self._chat_template = Path(settings.chat_template).read_text() if settings.chat_template else None
@@ -295,6 +297,14 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             top = tuple((lp.decoded_token or "", lp.logprob) for lp in position.values()) if position else ()
             out.append(TokenLogprob(text, chosen.logprob if chosen is not None else None, top))
         return tuple(out)
+
+    async def set_adapters(self, adapters: dict[str, str]) -> None:
+        """vLLM loads an adapter with its first request and keeps the most recently used ones; one that is gone is
+        removed from the engine at once."""
+        gone = [request for name, request in self._adapters.items() if name not in adapters]
+        self._adapters = lora_requests(adapters, self._lora_ids, self._adapters)
+        for request in gone:
+            await self._llm.remove_lora(request.lora_int_id)
 
     async def abort(self, request_id: str) -> None:
         if self._dead is None and self._llm is not None:

@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from ray import serve
 
 from ..config import AppConfig
@@ -49,6 +49,7 @@ from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
 from ..openai.responses import ResponsesFormat, ResponsesRequest, answer_turn, responses_error
 from ..openai.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from ..openai.tools import ToolCalls
+from . import adapters
 from .http import event_stream
 from .replica import Replica, make_api
 from .response_store import response_store, stored
@@ -74,7 +75,17 @@ class LLMServer(Replica):
     core: Generator
 
     async def __init__(self, config: dict[str, Any] | AppConfig) -> None:
+        self._runtime_adapters: dict[str, str] = {}
         await self.setup(api, AppConfig.model_validate(config), Generator)
+
+    async def every_period(self) -> None:
+        """Serve the adapters loaded at run time, wherever they were loaded (:mod:`.adapters`)."""
+        if self.config.lora is None:
+            return
+        runtime = await adapters.registry(serve.get_replica_context().app_name).all.remote()
+        if runtime != self._runtime_adapters:
+            await self.core.set_runtime_adapters(runtime)
+            self._runtime_adapters = runtime
 
     # -- DeploymentHandle API --------------------------------------------------------------------------------
 
@@ -258,6 +269,20 @@ class LLMServer(Replica):
             return None
         return lambda: engine.output_reader(request.prompt_token_ids, tools)
 
+    @api.post("/v1/load_lora_adapter")
+    async def http_load_adapter(self, body: adapters.LoadAdapterRequest) -> PlainTextResponse:
+        """vLLM's runtime adapter loading, for every replica of the app (the ``lora`` setting must be there)."""
+        answer = await adapters.load(serve.get_replica_context().app_name, self.config, body)
+        await self.every_period()
+        return PlainTextResponse(answer)
+
+    @api.post("/v1/unload_lora_adapter")
+    async def http_unload_adapter(self, body: adapters.UnloadAdapterRequest) -> PlainTextResponse:
+        """vLLM's runtime adapter unloading: an adapter loaded at run time, from every replica of the app."""
+        answer = await adapters.unload(serve.get_replica_context().app_name, self.config, body)
+        await self.every_period()
+        return PlainTextResponse(answer)
+
     @api.post("/tokenize", response_model=TokenizeResponse)
     async def http_tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         """vLLM's ``/tokenize``: the token ids a prompt or chat messages run as, and the model's context."""
@@ -304,10 +329,9 @@ class LLMServer(Replica):
 
     def adapter_cards(self, base: dict[str, Any]) -> list[dict[str, Any]]:
         """Each LoRA adapter as vLLM's ``/v1/models`` lists it: its folder as ``root``, the base model as ``parent``."""
-        adapters = self.config.lora.adapters if self.config.lora is not None else {}
         return [
             {**base, "id": name, "root": adapter_folder(folder, prepare=False), "parent": base["id"]}
-            for name, folder in adapters.items()
+            for name, folder in self.core.requests.adapters.items()
         ]
 
     async def model_cards(self) -> list[dict[str, Any]]:

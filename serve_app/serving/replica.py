@@ -95,7 +95,14 @@ class Replica:
         while True:
             self._gauged = self.core.batcher.stats  # also what record_autoscaling_stats reports
             self.metrics.update(self._gauged)
+            try:
+                await self.every_period()
+            except Exception as exc:  # the gauges go on; the next period tries again
+                logger.warning("periodic work failed: %r", exc)
             await asyncio.sleep(GAUGE_PERIOD_S)
+
+    async def every_period(self) -> None:
+        """What the deployment does every :data:`GAUGE_PERIOD_S`, beside the gauges."""
 
     # -- What every replica answers ------------------------------------------------------------------------
 
