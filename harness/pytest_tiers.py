@@ -43,9 +43,15 @@ def ends_what_it_runs_on(item: pytest.Item) -> bool:
 
 
 def uses(item: pytest.Item, shared: str) -> bool:
-    """Whether the item uses the shared fixture: by name, or (the session's cluster) by being a ``serve`` test, which
-    may reach it through a fixture of its module."""
-    return shared in getattr(item, "fixturenames", ()) or (shared == "serve_instance" and tier_of(item) == "serve")
+    """Whether the item uses the shared fixture: by name, by a ``shared`` marker (a fixture that takes it with
+    ``request.getfixturevalue`` for some of its parameters), or (the session's cluster) by being a ``serve`` test,
+    which may reach it through a fixture of its module."""
+    declared = {name for marker in item.iter_markers("shared") for name in marker.args}
+    return (
+        shared in getattr(item, "fixturenames", ())
+        or shared in declared
+        or (shared == "serve_instance" and tier_of(item) == "serve")
+    )
 
 
 def place(item: pytest.Item) -> tuple[int, bool, int]:

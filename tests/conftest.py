@@ -194,22 +194,25 @@ class SessionCluster:
         self._closed.set()
 
     def app(self, name: str) -> Any:
-        """The handle of :data:`SLOW_APPS` ``name``, once it runs (deployed now if it was not at the start)."""
+        """The handle of :data:`SLOW_APPS` ``name`` once it runs: the one started with the session the first time,
+        else deployed now (a module that took it before may have deleted it)."""
         from ray import serve
 
         self.url()
-        if name not in self._apps:
-            route, build = SLOW_APPS[name]
-            return serve.run(build(), name=name, route_prefix=route)
 
-        def running() -> bool:
-            status = serve.status().applications[name].status
-            if status == "DEPLOY_FAILED":
-                raise RuntimeError(f"the session's app {name!r} failed to deploy: {serve.status().applications[name]}")
-            return status == "RUNNING"
+        def status() -> str | None:
+            app = serve.status().applications.get(name)
+            if app is not None and app.status == "DEPLOY_FAILED":
+                raise RuntimeError(f"the session's app {name!r} failed to deploy: {app.message}")
+            return None if app is None else app.status
 
-        wait_until(running, 300, f"the session's app {name!r} to run", interval=SERVE_CLIENT_POLL_S)
-        return serve.get_app_handle(name)
+        if name in self._apps:
+            self._apps.remove(name)
+            wait_until(lambda: status() == "RUNNING", 300, f"the session's app {name!r} to run", SERVE_CLIENT_POLL_S)
+            return serve.get_app_handle(name)
+        wait_until(lambda: status() != "DELETING", 60, f"the app {name!r} to be deleted", SERVE_CLIENT_POLL_S)
+        route, build = SLOW_APPS[name]
+        return serve.run(build(), name=name, route_prefix=route)
 
 
 _cluster: SessionCluster | None = None
@@ -296,7 +299,7 @@ def padded_embeddings() -> Any:
     from serve_app.app import build_embeddings_app
 
     return build_embeddings_app(
-        {"engine": "padded", "cpus_per_replica": 0.25, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
+        {"engine": "padded", "cpus_per_replica": 0, "autoscaling": {"min_replicas": 1, "max_replicas": 1}}
     )
 
 
@@ -306,7 +309,8 @@ SLOW_APPS: dict[str, tuple[str, Callable[[], Any]]] = {
 }
 """Apps whose replicas import vLLM (the scripted app's parsers) or torch (the padded encoder), by name: their route
 and how they are built. The scripted app serves the whole session; the padded encoder serves test_embeddings' module
-beside its simulated generation app ``both``, which deletes it."""
+beside its simulated generation app ``both``, which deletes it. Started with the session, they take no logical CPU:
+the Ray Data jobs of the tests before theirs count the cluster's free CPUs."""
 
 
 def uses_slow_app(item: pytest.Item, name: str) -> bool:

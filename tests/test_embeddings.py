@@ -218,7 +218,8 @@ class Served:
 
 
 ENGINES = [
-    pytest.param("padded", id="padded", marks=pytest.mark.serve),
+    # `served` asks for the session's cluster only for the padded engine: the tiers must know it is used
+    pytest.param("padded", id="padded", marks=[pytest.mark.serve, pytest.mark.shared("serve_instance")]),
     pytest.param("vllm", id="vllm", marks=pytest.mark.system),  # the default engine: the session's real app
 ]
 
