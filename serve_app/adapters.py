@@ -10,17 +10,14 @@ The folder lives beside the bundled model (:func:`serve_app.models.cache_dir`).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import random
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from .models import BundledModelError, cache_dir, is_prepared
+from .models import BundledModelError, cache_dir, cli, is_prepared, staged
 from .models import prepare as prepare_model
 
 logger = logging.getLogger(__name__)
@@ -105,17 +102,8 @@ def prepare(force: bool = False) -> Path:
             logger.info("step %d/%d: loss %.3f", step + 1, STEPS, loss.item())
     model.eval()
     _check(model, tokenizer)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{BUNDLED_ADAPTER}-", dir=target.parent))
-    try:
+    with staged(target, f"trained on {base.name}: {STEPS} steps of {BATCH}, seed {SEED}") as staging:
         model.save_pretrained(staging)
-        (staging / ".prepared").write_text(f"trained on {base.name}: {STEPS} steps of {BATCH}, seed {SEED}\n")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     logger.info("bundled adapter ready in %.0f s: %s", time.monotonic() - started, target)
     return target
 
@@ -134,22 +122,8 @@ def _check(model: Any, tokenizer: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serve_app.adapters", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="train the bundled adapter (idempotent)")
-    prep.add_argument("--force", action="store_true", help="train again even if prepared")
-    sub.add_parser("path", help="print the prepared folder")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    if args.command == "path":
-        print(adapter_path())
-        return 0 if is_prepared(adapter_path()) else 1
-    try:
-        print(prepare(force=args.force))
-    except BundledModelError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    description = __doc__.splitlines()[0]
+    return cli(argv, "python -m serve_app.adapters", description, "train the bundled adapter", prepare, adapter_path)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ The folder lives under ``$TOKEN_BATCHING_CACHE`` (default ``~/.cache/token-batch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
 import os
@@ -17,6 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -83,9 +85,7 @@ def prepare(force: bool = False) -> Path:
         raise BundledModelError(f"preparing the bundled model needs torch and transformers: {exc}") from exc
 
     started = time.monotonic()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{BUNDLED_NAME}-", dir=target.parent))
-    try:
+    with staged(target, f"converted from {gguf.name}") as staging:
         logger.info("[1/4] reading the tokenizer from %s", gguf.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         logger.info("[2/4] de-quantizing the GGUF weights (about 30 s on 2 cores)")
@@ -102,15 +102,25 @@ def prepare(force: bool = False) -> Path:
         logger.info("[4/4] saving safetensors to %s", target)
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        (staging / _MARKER).write_text(f"converted from {gguf.name}\n")
+    logger.info("bundled model ready in %.0f s: %s", time.monotonic() - started, target)
+    return target
+
+
+@contextlib.contextmanager
+def staged(target: Path, note: str) -> Iterator[Path]:
+    """A folder to write a prepared model into: it becomes ``target``, marked prepared with ``note``, only once
+    the block has written it all (a failed or interrupted preparation leaves no half folder behind)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        yield staging
+        (staging / _MARKER).write_text(note + "\n")
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    logger.info("bundled model ready in %.0f s: %s", time.monotonic() - started, target)
-    return target
 
 
 def resolve(model: str) -> str:
@@ -120,23 +130,36 @@ def resolve(model: str) -> str:
     return str(prepare())
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m serve_app.models", description=__doc__.splitlines()[0])
+def cli(
+    argv: list[str] | None,
+    prog: str,
+    description: str,
+    verb: str,
+    prepare: Callable[[bool], Path],
+    path: Callable[[], Path],
+) -> int:
+    """The ``prepare`` / ``path`` command of something prepared offline (``verb``: what preparing does)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", required=True)
-    prep = sub.add_parser("prepare", help="convert the bundled model (idempotent)")
-    prep.add_argument("--force", action="store_true", help="convert again even if prepared")
+    prep = sub.add_parser("prepare", help=f"{verb} (idempotent)")
+    prep.add_argument("--force", action="store_true", help=f"{verb} again even if prepared")
     sub.add_parser("path", help="print the prepared folder")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.command == "path":
-        print(bundled_path())
-        return 0 if is_prepared() else 1
+        print(path())
+        return 0 if is_prepared(path()) else 1
     try:
-        print(prepare(force=args.force))
+        print(prepare(args.force))
     except BundledModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    description = __doc__.splitlines()[0]
+    return cli(argv, "python -m serve_app.models", description, "convert the bundled model", prepare, bundled_path)
 
 
 if __name__ == "__main__":
