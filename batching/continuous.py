@@ -126,6 +126,10 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             other. Default off: arrival order across tenants.
         tenant_fn: ``(record) -> hashable``, its tenant for ``fair_share`` and the per-tenant ``stats`` (an API
             key, the OpenAI ``user``, a job id). Default: ``record.tenant``, else None (one shared tenant).
+        coalesce_fn: ``(earlier, later) -> output`` or None: joins a record's outputs that wait in its
+            :class:`RecordStream` for a consumer that fell behind into one (None: those two stay apart, say the
+            last). An engine's token deltas: the reader takes what came while it was busy in one piece, as
+            vLLM's own output collector does. Outputs are never held back to be joined. Default: none joined.
         default_cost: the cost of a record with no other estimate.
         latency_samples: how many recent per-record latencies the percentiles in ``stats`` cover.
     """
@@ -154,14 +158,16 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         share_hold_s: float = 5.0,
         fair_share: bool = False,
         tenant_fn: Callable[[RecordT], Hashable | None] | None = None,
+        coalesce_fn: Callable[[ResultT, ResultT], ResultT | None] | None = None,
         default_cost: int = 1,
         latency_samples: int = 10_000,
     ) -> None:
-        for name, fn in (("priority_fn", priority_fn), ("tenant_fn", tenant_fn)):
+        for name, fn in (("priority_fn", priority_fn), ("tenant_fn", tenant_fn), ("coalesce_fn", coalesce_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {fn!r}")
         self._priority_fn = priority_fn
         self._tenant_fn = tenant_fn
+        self._coalesce_fn = coalesce_fn
         self._aging = None if aging_s is None else _number("aging_s", aging_s, 0.0, open_low=True)
         self._share = _number("low_priority_share", low_priority_share, 0.0, 1.0, open_low=True)
         self._step_budget = (

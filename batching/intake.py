@@ -29,6 +29,7 @@ class RecordIntake(RecordScheduler):
     _fair: bool
     _aging: float | None
     _max_queue_wait: float | None
+    _coalesce_fn: Callable[[Any, Any], Any] | None
 
     def _new_queue(self) -> TicketQueue:
         return TicketQueue(fair_share=self._fair, aging_s=self._aging)
@@ -81,7 +82,7 @@ class RecordIntake(RecordScheduler):
         growth = self._growth_of(record, cost)
         ticket = Ticket(record, cost, growth, sink, 0.0, self._priority_of(record), self._tenant_of(record))
         if sink is None:
-            ticket.sink = RecordStream(lambda: self._withdraw(ticket, None))
+            ticket.sink = RecordStream(lambda: self._withdraw(ticket, None), self._coalesce_fn)
         else:
             sink.add_done_callback(lambda future: future.cancelled() and self._withdraw(ticket, None))
         return ticket

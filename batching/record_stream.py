@@ -27,16 +27,21 @@ class RecordStream(Generic[ResultT]):
     Iterate it (``async for``); it raises the processing error if the record failed, or
     :class:`~batching.BatcherStoppedError` if the batcher stopped before it ran. ``aclose()`` (also on leaving
     ``async with``) withdraws the record: from the queue if it has not started, else by cancelling its run,
-    which frees its cost at once.
+    which frees its cost at once. With ``coalesce`` (``(earlier, later)`` -> one output, or None where they
+    must stay apart), a consumer that fell behind takes the outputs waiting for it as one: each costs its
+    consumer (a chunk on a socket) what one costs, however few tokens it carries. Nothing waits to be joined.
     """
 
-    __slots__ = ("_buffer", "_cancel", "_ended", "_waiter")
+    __slots__ = ("_buffer", "_cancel", "_coalesce", "_ended", "_waiter")
 
-    def __init__(self, cancel: Callable[[], None]) -> None:
+    def __init__(
+        self, cancel: Callable[[], None], coalesce: Callable[[ResultT, ResultT], ResultT | None] | None = None
+    ) -> None:
         self._buffer: deque[Any] = deque()
         self._waiter: asyncio.Future | None = None
         self._ended = False
         self._cancel = cancel
+        self._coalesce = coalesce
 
     # -- producer side (the batcher) ----------------------------------------------------------------
 
@@ -74,7 +79,15 @@ class RecordStream(Generic[ResultT]):
             raise StopAsyncIteration
         if isinstance(item, _Failure):
             raise item.error
-        self._buffer.popleft()
+        buffer = self._buffer
+        buffer.popleft()
+        coalesce = self._coalesce
+        while coalesce is not None and buffer and buffer[0] is not _END and not isinstance(buffer[0], _Failure):
+            joined = coalesce(item, buffer[0])
+            if joined is None:
+                break
+            item = joined
+            buffer.popleft()
         return item
 
     async def aclose(self) -> None:

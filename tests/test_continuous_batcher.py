@@ -973,6 +973,35 @@ async def test_stream_of_an_async_def_and_of_a_generator_without_output():
                 pass
 
 
+async def test_a_reader_that_fell_behind_takes_the_waiting_outputs_joined_and_a_prompt_one_each_alone():
+    produced = asyncio.Event()
+
+    async def fake_tokens(record: int) -> AsyncIterator[str]:
+        for k in range(record):
+            yield f"t{k}"
+            if k == 3:
+                produced.set()  # four outputs made; the reader below has not run since the first
+                await ticks(50)
+            await asyncio.sleep(0)
+        yield "END"
+
+    def join(earlier: str, later: str) -> str | None:
+        return None if later == "END" else f"{earlier}+{later}"
+
+    async with ContinuousBatcher(fake_tokens, coalesce_fn=join) as batcher:
+        stream = batcher.stream_nowait(6)
+        first = await stream.__anext__()
+        await produced.wait()  # the reader is busy elsewhere while t1..t3 arrive
+        behind = await stream.__anext__()
+        rest = [x async for x in stream]
+        assert first == "t0"
+        assert behind == "t1+t2+t3"  # one output for the three that waited
+        assert rest == ["t4", "t5", "END"]  # read as they came: nothing was held back to be joined; END apart
+        assert batcher.stats.total_completed == 1
+    with pytest.raises(TypeError, match="coalesce_fn"):
+        ContinuousBatcher(fake_tokens, coalesce_fn="join")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("where", ["queued", "running"])
 async def test_a_stream_withdrawn_by_another_task_ends_its_reader_with_batcher_stopped_error(where):
     engine = FakeEngine()

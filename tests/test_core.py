@@ -10,7 +10,7 @@ import pytest
 
 from serve_app.config import AppConfig
 from serve_app.core import Generator
-from serve_app.engines import GenerationDelta, GenerationResult
+from serve_app.engines import GenerationDelta, GenerationResult, TokenLogprob, coalesce
 from serve_app.errors import GenerationError, RequestError
 from serve_app.openai.common import SamplingFields
 
@@ -42,6 +42,33 @@ async def test_one_path_streams_deltas_then_each_result_in_order():
         assert generator.stats()["requests"] == {"ongoing": 0, "peak": 1, "abandoned": 0}
     finally:
         await generator.stop()
+
+
+async def test_a_reader_that_fell_behind_gets_the_waiting_deltas_as_one():
+    generator = core(simulated={"step_s": 0.001})
+    await generator.start()
+    try:
+        (request,) = await prompts(generator, ["one two"], max_tokens=6)
+        outputs = generator.run([request])
+        first = (await anext(outputs))[1]
+        await wait_for(lambda: generator.batcher.stats.total_completed == 1, 10, "the engine to finish the request")
+        rest = [output async for _, output in outputs]
+        joined, result = rest  # the five deltas that waited came as one, the result apart
+        assert (first.output_tokens, joined.output_tokens) == (1, 6) and isinstance(result, GenerationResult)
+        assert first.text + joined.text == result.text
+        assert first.token_ids + joined.token_ids == result.token_ids and len(result.token_ids) == 6
+    finally:
+        await generator.stop()
+
+
+def test_coalescing_joins_deltas_and_keeps_a_result_apart():
+    token = TokenLogprob("a", -0.5)
+    early = GenerationDelta("r", "Hel", 1, (token,), (TokenLogprob("p", None),), (7,))
+    late = GenerationDelta("r", "lo", 3, (token, token), None, (8, 9))
+    assert coalesce(early, late) == GenerationDelta("r", "Hello", 3, (token,) * 3, early.prompt_logprobs, (7, 8, 9))
+    plain = coalesce(GenerationDelta("r", "a", 1), GenerationDelta("r", "b", 2))
+    assert plain == GenerationDelta("r", "ab", 2) and plain.logprobs is None  # none asked for: none made up
+    assert coalesce(early, GenerationResult("r", "Hello", 2, 3, "stop")) is None
 
 
 @pytest.mark.parametrize("marker", ["__simulated_fail__", "__simulated_raise__"])

@@ -29,6 +29,7 @@ from ..engines import (
     GenerationRequest,
     GenerationResult,
     build_engine,
+    coalesce,
     progress,
 )
 from ..errors import GenerationError
@@ -81,7 +82,7 @@ class Generator(Core[AppConfig, BatcherSettings]):
             engine.kv_cache_tokens(), engine.max_running(), engine.low_priority_step_tokens()
         )
         self.budget = kwargs["max_inflight_cost"]
-        return ContinuousBatcher(self._process_one, progress_fn=progress, **kwargs)
+        return ContinuousBatcher(self._process_one, progress_fn=progress, coalesce_fn=coalesce, **kwargs)
 
     async def _process_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """Batch mode: one batch into the engine."""

@@ -15,6 +15,7 @@ from .base import (
     SamplingOptions,
     StructuredOutputs,
     TokenLogprob,
+    coalesce,
     progress,
 )
 
@@ -29,6 +30,7 @@ __all__ = [
     "StructuredOutputs",
     "TokenLogprob",
     "build_engine",
+    "coalesce",
     "progress",
 ]
 

@@ -179,6 +179,24 @@ def progress(output: GenerationOutput) -> int:
     return output.output_tokens
 
 
+def coalesce(earlier: GenerationOutput, later: GenerationOutput) -> GenerationDelta | None:
+    """Two deltas of one request as one, for a reader that fell behind (the batcher's ``coalesce_fn``); a result
+    stays apart."""
+    if earlier.__class__ is not GenerationDelta or later.__class__ is not GenerationDelta:
+        return None
+    logprobs = earlier.logprobs
+    if later.logprobs is not None:
+        logprobs = (*(logprobs or ()), *later.logprobs)
+    return GenerationDelta(
+        earlier.request_id,
+        earlier.text + later.text,
+        later.output_tokens,
+        logprobs,
+        earlier.prompt_logprobs or later.prompt_logprobs,
+        earlier.token_ids + later.token_ids,
+    )
+
+
 class Engine(abc.ABC):
     """An inference engine behind the batcher; nothing here blocks the event loop.
 

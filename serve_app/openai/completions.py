@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from openai.types import Completion, CompletionChoice
 from openai.types.completion_choice import Logprobs
@@ -59,6 +59,13 @@ class CompletionRequest(OpenAIRequest):
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
             return [prompt]  # type: ignore[list-item]
         return list(prompt)  # type: ignore[arg-type]
+
+
+class CompletionChunkChoice(CompletionChoice):
+    """A stream chunk's choice: OpenAI's, whose finish reason is null until the choice's last chunk (as vLLM's
+    ``CompletionResponseStreamChoice`` has it)."""
+
+    finish_reason: Literal["stop", "length", "content_filter"] | None = None  # type: ignore[assignment]
 
 
 def finish_reason(result: GenerationResult) -> str:
@@ -151,10 +158,7 @@ class CompletionFormat:
     def _chunk(
         self, index: int, text: str, reason: str | None, logprobs: Logprobs | None = None, **token_ids: list[int]
     ) -> Completion:
-        # A chunk's finish_reason is null until its last one, which OpenAI's (response) model does not allow.
-        choice = CompletionChoice.model_construct(
-            index=index, text=text, finish_reason=reason, logprobs=logprobs, **token_ids
-        )
+        choice = CompletionChunkChoice(index=index, text=text, finish_reason=reason, logprobs=logprobs, **token_ids)
         return self._completion([choice], None)
 
     def chunks(self, index: int, delta: GenerationDelta) -> list[Completion]:

@@ -64,11 +64,10 @@ def event_stream(events: AsyncIterator[str], last: Callable[[], Any] | None = No
             async for event in events:
                 yield event
             payload = last() if last is not None else None
-            if payload is not None:
-                yield sse(payload)
+            end = DONE if payload is None else sse(payload) + DONE
         except Exception as exc:
             logger.warning("stream failed: %r", exc)
-            yield sse(exception_body(exc)[1])
-        yield DONE
+            end = sse(exception_body(exc)[1]) + DONE
+        yield end  # one write for the stream's end: a write is most of what a chunk costs
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

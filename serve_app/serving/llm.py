@@ -211,8 +211,8 @@ class LLMServer(HandleMethods, Replica):
                         await finish(results)
                 else:
                     chunks = fmt.chunks(index, output)
-                for chunk in chunks:
-                    yield sse(chunk, getattr(chunk, "type", None))  # Responses events are named
+                if chunks:  # one write for what one output makes (a socket write is most of a chunk's cost)
+                    yield "".join(sse(chunk, getattr(chunk, "type", None)) for chunk in chunks)  # Responses' are named
 
         return event_stream(events(), lambda: fmt.usage_chunk(results) if body.include_usage else None)
 
