@@ -10,13 +10,17 @@ import threading
 import time
 from typing import Any
 
-from harness.procs import processes
+from harness.procs import engine_of, processes, replicas
 
 ROLES = ("engine", "replica", "proxy", "api server", "other")
 """``engine``: vLLM's engine processes (``VLLM::EngineCore``, which schedules, and ``VLLM::Worker``, which computes on
 the CPU build), the embedding app's idle one included; ``replica``: the generation app's Serve replica (ingress,
 batcher, vLLM's output processing); ``proxy``: HAProxy, its manager actor, Serve's proxy actor; ``api server``:
 vLLM's own server process; ``other``: the rest (Ray's daemons, Serve's controller, the embedding app's replica)."""
+
+
+APPS = ("llm", "embeddings")
+"""The shipped config's applications, whose replicas' engines :func:`snapshot` finds by parentage."""
 
 
 def role(title: str) -> str:
@@ -34,8 +38,14 @@ def role(title: str) -> str:
 
 def snapshot(marker: str) -> dict[tuple[int, int], tuple[str, float]]:
     """Each process of the peer (by pid and start time, so a reused pid is another process): its role and CPU
-    seconds so far."""
-    return {(pid, proc.start): (role(proc.title), proc.cpu_s) for pid, proc in processes(marker).items()}
+    seconds so far. A Serve replica's engine is told by parentage as well as by title: one run of the app had its
+    engine's processes under titles other than vLLM's, and counted them as Ray's."""
+    table = processes(marker)
+    apps = {pid for app in APPS for pid in replicas(table, app)}
+    engines = set().union(*(engine_of(table, pid) for pid in apps))
+    return {
+        (pid, proc.start): ("engine" if pid in engines else role(proc.title), proc.cpu_s) for pid, proc in table.items()
+    }
 
 
 def spent(before: dict[tuple[int, int], tuple[str, float]], after: dict) -> dict[str, float]:

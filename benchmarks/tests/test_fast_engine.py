@@ -95,6 +95,29 @@ def test_the_cpu_a_marked_process_spends_is_counted_from_proc(tmp_path):
     assert used["other"] >= 0.3 - 4 / CLOCK_TICKS and sum(used.values()) == used["other"]
 
 
+def test_a_replicas_engine_is_told_by_parentage_whatever_its_title(tmp_path):
+    """A process below the app's replica is its engine even before (or without) vLLM's title."""
+    marker = str(tmp_path / "marker")
+    replica = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.readline()'], stdin=subprocess.PIPE)\n"
+        "print(child.pid, flush=True)\n"
+        "sys.stdin.readline()\n"
+        "child.stdin.close(); child.wait()\n"
+    )
+    argv = [sys.executable, "-c", replica, "ray::ServeReplica:llm:LLMServer"]
+    parent = subprocess.Popen(
+        argv, env={**os.environ, "RAY_TMPDIR": marker}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        engine = int(parent.stdout.readline())
+        roles = {pid: name for (pid, _), (name, _) in snapshot(marker).items()}
+    finally:
+        parent.stdin.close()
+        parent.wait()
+    assert roles == {parent.pid: "replica", engine: "engine"}
+
+
 def test_a_process_started_between_snapshots_counts_from_its_start_and_a_gone_one_not_at_all():
     before = {(1, 10): ("replica", 5.0), (2, 20): ("engine", 7.0)}
     after = {(1, 10): ("replica", 6.5), (3, 30): ("proxy", 0.25)}  # 2 ended; 3 is new; a reused pid is new too
