@@ -1,4 +1,4 @@
-"""The token router's prefix score (serve_app/serving/prefixes.py, routing.py): the index of prompt blocks sent to each
+"""The token router's prefix score (serving/routing/prefixes.py, router.py): the index of prompt blocks sent to each
 replica, and ranking that weighs the prompt tokens a replica most likely holds in its prefix cache against the tokens
 it holds, bounded by ``prefix_max_share``. Unit tests on Ray Serve's real router machinery with fake replicas."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.serving.prefixes import PrefixIndex, prompt_text
-from serve_app.serving.request_cost import body_call
+from serve_app.serving.routing.prefixes import PrefixIndex, prompt_text
+from serve_app.serving.routing.request_cost import body_call
 
 from .test_routing import FakeReplica, request, route, router_with
 

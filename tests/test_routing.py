@@ -1,4 +1,4 @@
-"""The token-load router (serve_app/serving/routing.py): unit tests on Ray Serve's real ``RequestRouter`` machinery
+"""The token-load router (serve_app/serving/routing/): unit tests on Ray Serve's real ``RequestRouter`` machinery
 with fake replicas that carry routing statistics (ranking by tokens held, the cost estimate of handle and HTTP
 requests, optimistic accounting between reports, the stale fallback, tie-breaks, the full routing loop), and a
 multi-replica run on a local multi-node Ray cluster (in a subprocess: this process belongs to the session's
@@ -28,8 +28,8 @@ from ray.serve._private.common import (
 from ray.serve.request_router import PendingRequest
 
 from harness.launcher import private_cluster_result
-from serve_app.serving.request_cost import body_call, handle_cost, text_tokens
 from serve_app.serving.routing import TokenLoadRouter
+from serve_app.serving.routing.request_cost import body_call, handle_cost, text_tokens
 
 DEPLOYMENT = DeploymentID(name="LLMServer", app_name="llm")
 BUDGET = 10_000.0
@@ -449,7 +449,8 @@ def test_the_app_config_selects_the_router_and_serve_can_load_it():
     from serve_app.config import AppConfig
     from serve_app.serving.options import deployment_options
 
-    options = deployment_options(AppConfig(engine="simulated", routing={"stale_after_s": 3.0, "prefix_weight": 2}))
+    routing = {"stale_after_s": 3.0, "prefix_weight": 2, "adapter_weight": 500}
+    options = deployment_options(AppConfig(engine="simulated", routing=routing))
     config = RequestRouterConfig(**options["request_router_config"])
     cls = config.get_request_router_class()  # what every proxy and handle does: pickled by value, loaded back
     assert cls.__name__ == "TokenLoadRouter"
@@ -458,6 +459,8 @@ def test_the_app_config_selects_the_router_and_serve_can_load_it():
         "default_max_tokens": 128,
         "prefix_weight": 2.0,
         "prefix_max_share": 0.25,
+        "adapter_weight": 500.0,
+        "base_model": "SmolLM2-135M-Instruct",
     }
     assert "request_router_config" not in deployment_options(AppConfig(engine="simulated", routing={"router": "serve"}))
 

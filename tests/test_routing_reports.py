@@ -1,4 +1,4 @@
-"""The reports the token router ranks by (serve_app/serving/routing_reports.py): in the ingress router's process it
+"""The reports the token router ranks by (serve_app/serving/routing/reports.py): in the ingress router's process it
 asks each replica for its report itself and ranks by whichever report was measured last; elsewhere Serve's relay
 alone. Unit tests on Ray Serve's real router machinery with fake replicas."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from serve_app.serving import routing_reports
-from serve_app.serving.routing_reports import Reports
+from serve_app.serving.routing import reports as routing_reports
+from serve_app.serving.routing.reports import Reports
 
 from .test_routing import FakeReplica, request, route, router_with
 

@@ -6,7 +6,7 @@ one logical CPU each, ``cpus_per_replica: 1``), with a cost model where tokens m
 ``step_s + step_s_per_seq x sequences + step_s_per_token x context tokens``, at most ``max_num_seqs`` run, and
 the batcher admits up to the KV cache (``kv_cache_tokens``), FIFO; the rest waits in its queue. Ray Serve runs
 with ``serve.env`` (as ``make serve``); one HTTP proxy, on the head. Apps differ only in ``routing.router``:
-``tokens`` (serve_app/serving/routing.py) or ``serve`` (Serve's power of two choices on ongoing requests).
+``tokens`` (serve_app/serving/routing/router.py) or ``serve`` (Serve's power of two choices on ongoing requests).
 
 **Workloads** (the same seeded schedule for both routers, open loop, through ``DeploymentHandle`` calls from
 this process, whose router is the one under test): interactive requests arrive as a Poisson process, each a

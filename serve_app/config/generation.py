@@ -135,6 +135,12 @@ class SimulatedSettings(Strict):
     max_num_seqs: int = Field(256, ge=1, description="sequences running at once (vLLM's max_num_seqs)")
     kv_cache_tokens: int = Field(65_536, ge=1, description="the simulated KV cache (sizes an `auto` budget)")
     padded: bool = Field(False, description="a static, padded batch engine instead of a continuous one")
+    adapter_load_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="seconds a step takes longer for each LoRA adapter it loads: the engine holds `lora.max_loaded` "
+        "(the least recently used goes), and a step runs at most that many (the others wait, as in vLLM)",
+    )
     fail_marker: str | None = Field(
         "__simulated_fail__", description="a prompt containing it fails (tests of the error paths)"
     )
@@ -192,6 +198,13 @@ class RoutingSettings(Strict):
         ge=0,
         description="`tokens`: the most the prefix score takes off a replica's load, as a share of its token budget "
         "(so a shared prefix never piles more than that onto one replica)",
+    )
+    adapter_weight: float = Field(
+        0.0,
+        ge=0,
+        description="`tokens`: the adapter score. What loading a LoRA adapter costs a replica, in tokens: added to "
+        "the load of each replica that does not hold the request's adapter, twice where its `lora.max_loaded` slots "
+        "are full (a load there evicts another); 0: none",
     )
 
     @model_validator(mode="after")

@@ -41,12 +41,13 @@ def build_engine(config: AppConfig) -> Engine:
         from .parsers import OutputParsers
         from .simulated import SimulatedEngine
 
+        adapters = config.lora.max_loaded if config.lora is not None else 1
         if not config.simulated.tokenizer:
-            return SimulatedEngine(config.simulated)
+            return SimulatedEngine(config.simulated, max_adapters=adapters)
         parsers = OutputParsers(
             config.vllm.tool_call_parser, config.vllm.reasoning_parser, config.vllm.tool_strict_level
         )
-        return SimulatedEngine(config.simulated, resolve(config.model), parsers)
+        return SimulatedEngine(config.simulated, resolve(config.model), parsers, adapters)
     from .vllm_engine import VLLMEngine
 
     on_gpus = config.placement is not None and config.placement.bundle_per_worker.get("GPU", 0) > 0

@@ -319,6 +319,11 @@ class Engine(abc.ABC):
         """Serve exactly these LoRA adapters (name -> folder) from now on: new ones load when first asked for,
         the engine forgets the others."""
 
+    async def loaded_adapters(self) -> list[str]:
+        """The LoRA adapters the engine holds loaded now (a request for another one loads it first): what the
+        token router's adapter score reads from each replica's report."""
+        return []
+
     def stats(self) -> dict[str, int]:
         """The engine's own counters (requests run, aborts received), shown in the replica's stats."""
         return {}

@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 import re
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -79,10 +79,17 @@ class SimulatedEngine(Engine):
     name = "simulated"
 
     def __init__(
-        self, settings: SimulatedSettings, tokenizer: str | None = None, parsers: OutputParsers | None = None
+        self,
+        settings: SimulatedSettings,
+        tokenizer: str | None = None,
+        parsers: OutputParsers | None = None,
+        max_adapters: int = 1,
     ) -> None:
-        """``tokenizer``: a model folder whose tokenizer it uses; ``parsers``: vLLM's, over that tokenizer."""
+        """``tokenizer``: a model folder whose tokenizer it uses; ``parsers``: vLLM's, over that tokenizer;
+        ``max_adapters``: the LoRA adapters it holds loaded and runs in one step (vLLM's ``max_loras``)."""
         self.settings = settings
+        self._max_adapters = max_adapters
+        self._held: OrderedDict[str, None] = OrderedDict()  # the adapters loaded, least recently used first
         self._tokenizer: Any = None
         if tokenizer is not None:
             from transformers import AutoTokenizer
@@ -97,7 +104,7 @@ class SimulatedEngine(Engine):
         self._by_id: dict[str, _Sequence] = {}
         self._wake: asyncio.Event | None = None
         self._stepper: asyncio.Task | None = None
-        self._counts = {"batches": 0, "steps": 0, "requests": 0, "aborts": 0, "peak_running": 0}
+        self._counts = {"batches": 0, "steps": 0, "requests": 0, "aborts": 0, "peak_running": 0, "adapter_loads": 0}
 
     @staticmethod
     def tokens(text: str) -> list[int]:
@@ -212,18 +219,57 @@ class SimulatedEngine(Engine):
         """The engine loop: fill free places from the waiting queue, advance every running sequence."""
         while self._dead is None:
             running = self._running = [q for q in self._running if not q.finished]
-            while len(running) < self.settings.max_num_seqs and self._waiting:
-                running.append(self._waiting.popleft())
+            self._fill(running)
             if not running:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             self._counts["peak_running"] = max(self._counts["peak_running"], len(running))
-            await asyncio.sleep(self.step_seconds(running))
+            loads = self._load_adapters(running)
+            await asyncio.sleep(self.step_seconds(running) + loads * self.settings.adapter_load_s)
             self._counts["steps"] += 1
             for sequence in running:
                 if not sequence.finished:
                     self._advance(sequence)
+
+    def _fill(self, running: list[_Sequence]) -> None:
+        """Start waiting sequences while there is room, in order, except one whose adapter would make the step's
+        adapters more than ``max_adapters`` (it waits for a place, as in vLLM's scheduler)."""
+        adapters = {q.request.sampling.adapter for q in running} - {None}
+        skipped: list[_Sequence] = []
+        while len(running) < self.settings.max_num_seqs and self._waiting:
+            sequence = self._waiting.popleft()
+            adapter = sequence.request.sampling.adapter
+            if adapter is not None and adapter not in adapters:
+                if len(adapters) >= self._max_adapters:
+                    skipped.append(sequence)
+                    continue
+                adapters.add(adapter)
+            running.append(sequence)
+        self._waiting.extendleft(reversed(skipped))
+
+    def _load_adapters(self, running: Sequence[_Sequence]) -> int:
+        """Load the adapters the step runs that the engine does not hold (the least recently used go); how many."""
+        loads = 0
+        for adapter in dict.fromkeys(q.request.sampling.adapter for q in running):
+            if adapter is None:
+                continue
+            if adapter in self._held:
+                self._held.move_to_end(adapter)
+                continue
+            self._held[adapter] = None
+            loads += 1
+            while len(self._held) > self._max_adapters:
+                self._held.popitem(last=False)
+        self._counts["adapter_loads"] += loads
+        return loads
+
+    async def loaded_adapters(self) -> list[str]:
+        return list(self._held)
+
+    async def set_adapters(self, adapters: dict[str, str]) -> None:
+        for gone in [name for name in self._held if name not in adapters]:
+            del self._held[gone]
 
     def _advance(self, sequence: _Sequence) -> None:
         request = sequence.request

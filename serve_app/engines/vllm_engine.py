@@ -306,6 +306,13 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         for request in gone:
             await self._llm.remove_lora(request.lora_int_id)
 
+    async def loaded_adapters(self) -> list[str]:
+        """vLLM's own list of the adapters it holds (``list_loras``), by their names here."""
+        if not self._adapters or self._llm is None or self._dead is not None:
+            return []
+        held = await self._llm.list_loras()
+        return [name for name, request in self._adapters.items() if request.lora_int_id in held]
+
     async def abort(self, request_id: str) -> None:
         if self._dead is None and self._llm is not None:
             self._counts["aborts"] += 1

@@ -6,13 +6,13 @@ on vLLM's own server. HAProxy balances by its own rule (least connections), whic
 application that has an *ingress request router* attached, HAProxy first POSTs the request's body to that router's
 ``/internal/route`` and forwards the request to the replica it names (Ray 2.60; Ray Serve LLM's direct streaming
 does the same with its ``LLMRouter``). This deployment is that router for the generation app: it reads the
-body's cost fields (:func:`~serve_app.serving.request_cost.body_call`) and asks the deployment's own
+body's cost fields (:func:`~serve_app.serving.routing.request_cost.body_call`) and asks the deployment's own
 request router (:class:`~serve_app.serving.routing.TokenLoadRouter`) to pick, as for a handle call of the same
 shape, without sending anything (the request itself goes through HAProxy).
 
 ``/internal/route`` answers ``{"host", "port", "replica_id"}``; anything else (503 while no replica is up) makes
 HAProxy answer 503 itself. HAProxy carries the request and its answer, so this router never sees one end: it asks
-the replicas for their reports itself (:mod:`~serve_app.serving.routing_reports`) rather than wait for Serve's relay.
+the replicas for their reports itself (:mod:`~serve_app.serving.routing.reports`) rather than wait for Serve's relay.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from ray import serve
 from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from .request_cost import body_call
-from .routing_reports import poll_in_this_process
+from .routing.reports import poll_in_this_process
+from .routing.request_cost import body_call
 
 router_api = FastAPI(title="token-batching ingress router", docs_url=None, redoc_url=None, openapi_url=None)
 

@@ -33,6 +33,7 @@ from .handles import HandleMethods
 from .http import event_stream
 from .replica import Replica, make_api
 from .response_store import response_store, stored
+from .routing.adapters import ADAPTER_SLOTS, ADAPTERS
 
 logger = logging.getLogger("serve_app")
 
@@ -61,6 +62,12 @@ class LLMServer(HandleMethods, Replica):
         if runtime != self._runtime_adapters:
             await self.core.set_runtime_adapters(runtime)
             self._runtime_adapters = runtime
+
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """The replica's report, with the LoRA adapters its engine holds (the token router's adapter score)."""
+        slots = self.config.lora.max_loaded if self.config.lora is not None else 0
+        held = await self.core.engine.loaded_adapters()
+        return {**await super().record_routing_stats(), ADAPTERS: held, ADAPTER_SLOTS: slots}
 
     # -- HTTP API --------------------------------------------------------------------------------------------
 

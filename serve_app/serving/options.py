@@ -9,7 +9,9 @@ from ..config import DeploymentConfig
 from ..errors import RETRY_AFTER_S
 from .autoscaling import POLICY_PATH
 
-ROUTER_PATH = "serve_app.serving.routing:TokenLoadRouter"
+ROUTER_PATH = "serve_app.serving.routing.router:TokenLoadRouter"
+"""The router's own module, not its package: Serve pickles the module it names by value, and a package by value
+would give each process's router copies of ``routing.reports``' settings that the process cannot set."""
 
 
 def gpus_per_replica(config: DeploymentConfig) -> float:
@@ -78,6 +80,8 @@ def deployment_options(config: DeploymentConfig) -> dict[str, Any]:
                 "default_max_tokens": config.sampling.max_tokens,  # type: ignore[attr-defined]
                 "prefix_weight": routing.prefix_weight,
                 "prefix_max_share": routing.prefix_max_share,
+                "adapter_weight": routing.adapter_weight,
+                "base_model": config.model_name,  # type: ignore[attr-defined]
             },
             "request_routing_stats_period_s": routing.stats_period_s,
         }

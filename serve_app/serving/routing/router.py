@@ -24,10 +24,13 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
   when it was seen): hosts are assumed to agree to well under a second.
 - **Ranking**: by ``(held + cost - credit) / token_budget``, the share of its budget a replica would hold with this
   request (plain tokens when a replica reports no budget), lowest first. ``credit`` is the prefix score: the
-  request's prompt tokens the replica most likely holds in its prefix cache (:mod:`serve_app.serving.prefixes`:
+  request's prompt tokens the replica most likely holds in its prefix cache (:mod:`serve_app.serving.routing.prefixes`:
   what this router sent it before), times ``prefix_weight``, and never more than ``prefix_max_share`` of its
   budget: that bound is the guard that a shared prefix never piles more onto one replica than that share of its
-  budget beyond what the others hold. Replicas within ``tie_fraction`` of
+  budget beyond what the others hold. A request that names a LoRA adapter (its ``model``) also costs
+  ``adapter_weight`` tokens more on each replica that does not hold the adapter, twice that where the replica's
+  adapter slots are full (the adapter score, :mod:`.adapters`: what the replica reports its engine holds, and where
+  this router sent adapters since). Replicas within ``tie_fraction`` of
   each other tie; ties go to the local node or zone first (only where the router prefers locality, as the
   HTTP proxy does), then to the shorter queue, then at random. The queue is the replica's reported prompts
   plus the requests sent it since, as fresh as the tokens: not Serve's queue-length cache, whose entry for a
@@ -45,9 +48,9 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
   choices on ongoing requests, with its locality preference).
 
 Every process that routes (the HTTP proxy, each handle's owner) imports this module: it imports nothing of the
-app but two metric names, the cost estimates (:mod:`serve_app.serving.request_cost`), its ledger of what it
-sent each replica (:mod:`serve_app.serving.routing_books`) and its index of the prompt blocks it sent each
-(:mod:`serve_app.serving.prefixes`).
+app but two metric names, the cost estimates (:mod:`serve_app.serving.routing.request_cost`), its ledger of what it
+sent each replica (:mod:`serve_app.serving.routing.books`) and its index of the prompt blocks it sent each
+(:mod:`serve_app.serving.routing.prefixes`), and of the adapters it sent each (:mod:`.adapters`).
 """
 
 from __future__ import annotations
@@ -69,11 +72,12 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from .autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD
+from ..autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD
+from .adapters import AdapterIndex
+from .books import Ledger, Routed
 from .prefixes import PrefixIndex, prompt_text
+from .reports import Reports
 from .request_cost import asgi_scope, handle_cost, handle_prompt, http_cost
-from .routing_books import Ledger, Routed
-from .routing_reports import Reports
 
 if TYPE_CHECKING:
     from ray.serve._private.replica_result import ReplicaResult
@@ -102,6 +106,9 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         prefix_max_share: the most the prefix score takes off a replica's load, as a share of its budget.
         prefix_block_chars: characters of a prompt block in the prefix index (vLLM's blocks hold 16 tokens).
         prefix_capacity_blocks: the blocks the prefix index keeps for each replica (least recently used go).
+        adapter_weight: what loading a LoRA adapter costs a replica, in tokens: added to the load of each replica
+            that does not hold the request's adapter, twice where its adapter slots are full (0: no adapter score).
+        base_model: the base model's name, which a request's ``model`` may give: no adapter.
     """
 
     def initialize_state(
@@ -115,6 +122,8 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         prefix_max_share: float = 0.25,
         prefix_block_chars: int = 64,
         prefix_capacity_blocks: int = 65_536,
+        adapter_weight: float = 0.0,
+        base_model: str | None = None,
     ) -> None:
         if (
             stale_after_s <= 0
@@ -123,15 +132,18 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             or tie_fraction < 0
             or prefix_weight < 0
             or prefix_max_share < 0
+            or adapter_weight < 0
         ):
             raise ValueError(
                 f"TokenLoadRouter: bad settings stale_after_s={stale_after_s} default_max_tokens={default_max_tokens} "
                 f"settle_s={settle_s} tie_fraction={tie_fraction} prefix_weight={prefix_weight} "
-                f"prefix_max_share={prefix_max_share}"
+                f"prefix_max_share={prefix_max_share} adapter_weight={adapter_weight}"
             )
         self.prefix_weight = prefix_weight
         self.prefix_max_share = prefix_max_share
         self._prefixes = PrefixIndex(prefix_block_chars, prefix_capacity_blocks)
+        self.adapter_weight, self.base_model = adapter_weight, base_model
+        self._adapters = AdapterIndex(settle_s)
         self.stale_after_s = stale_after_s
         self.default_max_tokens = default_max_tokens
         self.settle_s = settle_s
@@ -169,6 +181,19 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         text = prompt_text(prompt)
         return self._prefixes.keys(text) if text else []
 
+    def adapter(self, request: PendingRequest) -> str | None:
+        """The LoRA adapter a request names (a handle call's ``model``, or the body's under the ingress router);
+        None for the base model (``base_model``) or no name."""
+        model = request.kwargs.get("model") if self.adapter_weight > 0 else None
+        return model if isinstance(model, str) and model != self.base_model else None
+
+    def loading(self, replicas: Sequence[RunningReplica], adapter: str | None) -> dict[ReplicaID, float]:
+        """The tokens each replica is charged for ``adapter`` (:meth:`.adapters.AdapterIndex.charges`)."""
+        if adapter is None:
+            return {}
+        reports = {r.replica_id: self._reports.of(r) for r in replicas}
+        return self._adapters.charges(reports, adapter, self.adapter_weight)  # type: ignore[return-value]
+
     def held_tokens(self, replica: RunningReplica, now: float) -> float | None:
         """Tokens ``replica`` holds: its last report, less what it counts that has completed since, plus what was
         sent to it since (and has not completed); ``None`` when that report is missing or stale."""
@@ -195,9 +220,10 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         held: dict[ReplicaID, float],
         cost: float,
         cached: dict[ReplicaID, float] | None = None,
+        loading: dict[ReplicaID, float] | None = None,
     ) -> list[RunningReplica]:
         """``replicas`` best first: by held tokens (+ ``cost``, - the prefix score of the ``cached`` prompt tokens
-        each holds) over budget; ties by locality, queue, chance."""
+        each holds, + the tokens of ``loading`` the request's adapter) over budget; ties by locality, queue, chance."""
         budgets = {r.replica_id: float(self._reports.of(r).get(TOKEN_BUDGET) or 0) for r in replicas}
         by_share = all(b > 0 for b in budgets.values())
         tie = self.tie_fraction if by_share else self.tie_fraction * max(budgets.values(), default=0.0)
@@ -206,7 +232,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         def load(r: RunningReplica) -> float:
             credit = self.prefix_weight * (cached or {}).get(r.replica_id, 0.0)
             credit = min(credit, self.prefix_max_share * (budgets[r.replica_id] or largest))
-            after = held[r.replica_id] + cost - credit
+            after = held[r.replica_id] + cost - credit + (loading or {}).get(r.replica_id, 0.0)
             return after / budgets[r.replica_id] if by_share else after
 
         node, zone = self._self_node_id, self._self_availability_zone
@@ -262,8 +288,12 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         keys = self.prefix_keys(pending_request)
         tokens = self._prefixes.block_tokens
         cached = {r.replica_id: self._prefixes.matched(r.replica_id, keys) * tokens for r in candidate_replicas}
-        ranked = self.rank(candidate_replicas, held, cost, cached)  # type: ignore[arg-type]
+        adapter = self.adapter(pending_request)
+        loading = self.loading(candidate_replicas, adapter)
+        ranked = self.rank(candidate_replicas, held, cost, cached, loading)  # type: ignore[arg-type]
         self._prefixes.record(ranked[0].replica_id, keys)
+        if adapter is not None:
+            self._adapters.sent(ranked[0].replica_id, adapter, now)
         self._ledger.choose(key, Routed(internal_id, cost, ranked[0].replica_id, now))
         pending_request.routing_context.should_backoff = True  # back off between passes when every replica is full
         return [[replica] for replica in ranked]
@@ -296,10 +326,12 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         super().update_replicas(replicas)
         self._ledger.forget(set(self._ledger.books) - self._replica_id_set)
         self._prefixes.forget(self._prefixes.replicas() - self._replica_id_set)
+        self._adapters.forget(self._adapters.replicas() - self._replica_id_set)
         self._reports.forget(set(self._reports.replicas()) - self._replica_id_set)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._ledger.forget({replica_id})
         self._prefixes.forget({replica_id})
+        self._adapters.forget({replica_id})
         self._reports.forget({replica_id})

@@ -18,8 +18,8 @@ GENERATING = {"generate", "generate_stream", "generate_batch", "chat", "chat_str
 FREE = {"stats", "model_card", "model_cards", "check_health"}
 """Handle methods that generate nothing: they cost no tokens."""
 
-COST_FIELDS = ("prompts", "prompt", "messages", "max_tokens", "max_completion_tokens", "n")
-"""The arguments :func:`handle_cost` reads (by keyword)."""
+COST_FIELDS = ("prompts", "prompt", "messages", "max_tokens", "max_completion_tokens", "n", "model")
+"""The arguments :func:`handle_cost` reads (by keyword), and the ``model`` the router's adapter score reads."""
 
 
 def text_tokens(value: Any) -> float | None:
