@@ -171,9 +171,12 @@ def test_the_bundled_adapter_answers_as_trained_on_vllms_engine_and_the_base_mod
     assert not any(text.startswith("ANSWER") for text in base), base
     # loaded at run time under another name, then unloaded: vLLM's engine adds it with its first request, then
     # removes it
+    held = engine_loop.run_until_complete(real_core.engine.loaded_adapters())
+    assert held == [BUNDLED_ADAPTER]  # what the replica reports to the router's adapter score: vLLM's own list
     engine_loop.run_until_complete(real_core.set_runtime_adapters({"again": str(adapter_path())}))
     try:
         assert all(text.startswith(ADAPTER_REPLY) for text in engine_loop.run_until_complete(answers("again")))
+        assert "again" in engine_loop.run_until_complete(real_core.engine.loaded_adapters())
     finally:
         engine_loop.run_until_complete(real_core.set_runtime_adapters({}))
     with pytest.raises(ModelNotFoundError, match="`again` does not exist"):

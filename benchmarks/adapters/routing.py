@@ -4,7 +4,7 @@ benchmark's, :mod:`benchmarks.routing.cluster`), each engine holding at most 2 o
 adapter into its slots). Closed-loop clients through ``DeploymentHandle`` calls (this process routes them), each
 request naming an adapter drawn Zipf-skewed (weights 1, 1/2, 1/3, 1/4); the same seeded draws for every weight.
 
-    python -m benchmarks.adapters routing [--rounds 2] [--seconds 30] [--weights 0 500 2000]
+    python -m benchmarks.adapters routing [--rounds 2] [--seconds 30] [--weights 0 2000 4000 8000]
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.adapters routing", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--weights", type=float, nargs="+", default=[0.0, 500.0, 2_000.0])
+    parser.add_argument("--weights", type=float, nargs="+", default=[0.0, 2_000.0, 4_000.0, 8_000.0])
     args = parser.parse_args(argv)
     weights = sorted(set([0.0, *args.weights]))
     started = time.time()

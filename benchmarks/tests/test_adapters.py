@@ -1,0 +1,49 @@
+"""The adapter benchmarks' parts that need no server: both peers get the same four adapters, slots and rank; the
+client names them; the routing benchmark's draws are skewed and seeded, and rounds become medians and ratios to no
+adapter score."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from benchmarks.adapters.routing import ADAPTERS, app_args, draws, summary
+from benchmarks.adapters.serving import NAMES, SLOTS, client_argv, peer_settings
+from serve_app.config import AppConfig
+
+
+def test_the_app_and_vllms_server_serve_the_same_adapters_and_the_client_names_them():
+    settings = peer_settings(Path("/models/adapter"))
+    lora = settings["app"]["fleet"]["lora"]
+    assert lora == {"adapters": dict.fromkeys(NAMES, "/models/adapter"), "max_loaded": SLOTS}
+    flags = settings["vllm"]["extra"]
+    assert flags[flags.index("--max-loras") + 1] == str(SLOTS) and "--enable-lora" in flags
+    assert flags[flags.index("--lora-modules") + 1 :] == [f"{name}=/models/adapter" for name in NAMES]
+    argv = client_argv("http://x", Path("/m"), 48, 16)
+    assert argv[argv.index("--lora-modules") + 1 : argv.index("--lora-modules") + 5] == list(NAMES)
+
+
+def test_the_routing_benchmarks_app_is_valid_and_its_draws_are_skewed_and_seeded():
+    config = AppConfig.model_validate(app_args(2_000))
+    assert config.routing.adapter_weight == 2_000 and config.simulated.adapter_load_s > 0
+    counts = Counter(draws(4_000, seed=1))
+    assert [counts[a] for a in ADAPTERS] == sorted(counts.values(), reverse=True)  # 1, 1/2, 1/3, 1/4
+    assert draws(50, seed=1) == draws(50, seed=1)
+
+
+def test_rounds_become_medians_and_ratios_to_no_adapter_score():
+    def run(weight, k, tok_s, loads):
+        return {
+            "weight": weight,
+            "round": k,
+            "tok_s": tok_s,
+            "loads_per_min": loads,
+            "ttft_p50_s": 0.1,
+            "ttft_p99_s": 1.0,
+            "wrong_adapter": 0,
+        }
+
+    runs = [run(0, 0, 100, 200), run(0, 1, 200, 100), run(8_000, 0, 150, 50), run(8_000, 1, 220, 40)]
+    rows = {r["weight"]: r for r in summary(runs, [0, 8_000])}
+    assert rows[0]["vs_none"] == 1.0 and rows[8_000]["tok_s"] == 185
+    assert rows[8_000]["vs_none"] == (1.5 + 1.1) / 2 and rows[8_000]["loads_vs_none"] == (0.25 + 0.4) / 2
