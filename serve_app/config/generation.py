@@ -203,8 +203,9 @@ class RoutingSettings(Strict):
         8_000.0,
         ge=0,
         description="`tokens`: the adapter score. What loading a LoRA adapter costs a replica, in tokens: added to "
-        "the load of each replica that does not hold the request's adapter, twice where its `lora.max_loaded` slots "
-        "are full (a load there evicts another); 0: none (docs/fleet.md: how the default was chosen)",
+        "the load of each replica that does not hold the request's adapter, twice where the adapters its engine "
+        "holds are as many as it holds at most (a load there evicts another); 0: none (docs/fleet.md: how the "
+        "default was chosen)",
     )
 
     @model_validator(mode="after")

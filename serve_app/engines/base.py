@@ -122,6 +122,8 @@ class Engine(abc.ABC):
     parsers: OutputParsers | None = None
     """vLLM's output parsers over the model's tokenizer, where the engine has both (tool calls, reasoning)."""
     max_model_len: int
+    adapter_slots: int = 0
+    """How many LoRA adapters it holds loaded at most (what :meth:`loaded_adapters` lists); 0: it serves none."""
 
     def check_sampling(self, sampling: SamplingOptions) -> None:
         """Raise :class:`RequestError` naming the field for sampling this engine cannot honour, before the request

@@ -88,7 +88,7 @@ class SimulatedEngine(Engine):
         """``tokenizer``: a model folder whose tokenizer it uses; ``parsers``: vLLM's, over that tokenizer;
         ``max_adapters``: the LoRA adapters it holds loaded and runs in one step (vLLM's ``max_loras``)."""
         self.settings = settings
-        self._max_adapters = max_adapters
+        self.adapter_slots = max_adapters
         self._held: OrderedDict[str, None] = OrderedDict()  # the adapters loaded, least recently used first
         self._tokenizer: Any = None
         if tokenizer is not None:
@@ -241,7 +241,7 @@ class SimulatedEngine(Engine):
             sequence = self._waiting.popleft()
             adapter = sequence.request.sampling.adapter
             if adapter is not None and adapter not in adapters:
-                if len(adapters) >= self._max_adapters:
+                if len(adapters) >= self.adapter_slots:
                     skipped.append(sequence)
                     continue
                 adapters.add(adapter)
@@ -259,7 +259,7 @@ class SimulatedEngine(Engine):
                 continue
             self._held[adapter] = None
             loads += 1
-            while len(self._held) > self._max_adapters:
+            while len(self._held) > self.adapter_slots:
                 self._held.popitem(last=False)
         self._counts["adapter_loads"] += loads
         return loads

@@ -100,6 +100,8 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         args.update(settings.engine_args)
         self._lora_ids = itertools.count(1)
         self._adapters = lora_requests(lora.adapters, self._lora_ids) if lora is not None else {}
+        if args.get("enable_lora"):  # list_loras lists its CPU cache: max_cpu_loras (vLLM's default: max_loras)
+            self.adapter_slots = int(args.get("max_cpu_loras") or args.get("max_loras") or 1)
         self._priorities = args["scheduling_policy"] == "priority"  # vLLM refuses a request's priority under fcfs
         self.max_model_len = settings.max_model_len
         self._chat_template = Path(settings.chat_template).read_text() if settings.chat_template else None

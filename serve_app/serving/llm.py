@@ -65,9 +65,9 @@ class LLMServer(HandleMethods, Replica):
 
     async def record_routing_stats(self) -> dict[str, Any]:
         """The replica's report, with the LoRA adapters its engine holds (the token router's adapter score)."""
-        slots = self.config.lora.max_loaded if self.config.lora is not None else 0
-        held = await self.core.engine.loaded_adapters()
-        return {**await super().record_routing_stats(), ADAPTERS: held, ADAPTER_SLOTS: slots}
+        engine = self.core.engine
+        held = await engine.loaded_adapters()
+        return {**await super().record_routing_stats(), ADAPTERS: held, ADAPTER_SLOTS: engine.adapter_slots}
 
     # -- HTTP API --------------------------------------------------------------------------------------------
 
