@@ -10,6 +10,7 @@ import pytest
 
 from serve_app.config import AppConfig
 from serve_app.core import Generator
+from serve_app.core.streams import Deadline
 from serve_app.engines import GenerationDelta, GenerationResult, TokenLogprob, coalesce
 from serve_app.errors import GenerationError, RequestError
 from serve_app.openai.common import SamplingFields
@@ -210,3 +211,26 @@ def test_freeze_startup_heap_takes_what_is_alive_out_of_every_later_collection()
     counts = json.loads(out.stdout.splitlines()[-1])
     assert counts["before"] > 10_000 and counts["frozen"] >= counts["before"] * 0.9
     assert counts["scanned"] < 100
+
+
+async def test_one_deadline_times_out_a_wait_and_a_consumer_that_was_elsewhere():
+    deadline = Deadline(0.05)
+    assert await deadline.wait(asyncio.sleep(0, "ready")) == "ready"
+    with pytest.raises(TimeoutError, match=r"request_timeout_s=0\.05"):
+        await deadline.wait(asyncio.Event().wait())  # cancelled by the timer while it waits
+    assert asyncio.current_task().cancelling() == 0  # the timer's cancel was taken back
+
+    deadline = Deadline(0.01)
+    await asyncio.sleep(0.05)  # the deadline passes while the consumer is not waiting on it
+    with pytest.raises(TimeoutError):
+        await deadline.wait(asyncio.sleep(0))
+
+
+async def test_a_cancel_from_elsewhere_is_not_taken_for_the_deadline():
+    deadline = Deadline(60)
+    waiting = asyncio.create_task(deadline.wait(asyncio.Event().wait()))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    deadline.cancel()

@@ -9,9 +9,6 @@ from typing import Any
 
 _END = object()
 _background: set[asyncio.Task] = set()
-TIMEOUT_AT = getattr(asyncio, "timeout_at", None)
-"""Python 3.11's deadline for an await: a timer on the loop. ``asyncio.wait_for`` (3.10) wraps every await in a
-task of its own, which a stream pays for every output it passes on."""
 
 
 class FutureStream:
@@ -45,34 +42,73 @@ class FutureStream:
             task.add_done_callback(_background.discard)
 
 
+class Deadline:
+    """One timer for a whole request, however many outputs it passes on: a timer per await (``asyncio.timeout``)
+    is scheduled and cancelled on the loop for every output, which a stream at thousands of tokens a second pays for
+    on each. The timer cancels the waiting task only while it waits in :meth:`wait`; one that expires while the
+    task is elsewhere (writing the last output) is raised at its next :meth:`wait`."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._expired = False
+        self._waiting: asyncio.Task | None = None
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self._expired = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
+    def _timeout(self) -> TimeoutError:
+        return TimeoutError(f"not finished within request_timeout_s={self._timeout_s:g}")
+
+    async def wait(self, awaitable: Awaitable[Any]) -> Any:
+        """``await awaitable``, or :class:`TimeoutError` once the deadline has passed."""
+        if self._expired:
+            close = getattr(awaitable, "close", None)
+            if close is not None:
+                close()  # a coroutine never awaited
+            raise self._timeout()
+        task = asyncio.current_task()
+        self._waiting = task
+        cancelling = getattr(task, "cancelling", None)  # Python 3.11: cancel requests pending
+        before = cancelling() if cancelling is not None else 0
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            uncancel = getattr(task, "uncancel", None)
+            left = uncancel() if uncancel is not None else 0
+            if self._expired and left <= before:  # our own cancel, no one else's
+                raise self._timeout() from None
+            raise
+        finally:
+            self._waiting = None
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
 async def merge(streams: Sequence[Any], timeout_s: float) -> AsyncIterator[tuple[int, Any]]:
     """``(index, output)`` from every stream as each comes; a stream that raises yields ``(index, error)``
     and ends. Raises :class:`TimeoutError` when everything has not ended within ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-
-    async def within(awaitable: Awaitable[Any]) -> Any:
-        try:
-            if TIMEOUT_AT is None:  # Python 3.10
-                return await asyncio.wait_for(awaitable, max(0.0, deadline - loop.time()))
-            async with TIMEOUT_AT(deadline):
-                return await awaitable
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"not finished within request_timeout_s={timeout_s:g}") from None
-
+    deadline = Deadline(timeout_s)
+    within = deadline.wait
     if len(streams) == 1:  # the common case: no tasks, no queue
         stream = streams[0]
-        while True:
-            try:
-                output = await within(stream.__anext__())
-            except StopAsyncIteration:
-                return
-            except (TimeoutError, asyncio.CancelledError):
-                raise
-            except Exception as exc:
-                yield 0, exc
-                return
-            yield 0, output
+        try:
+            while True:
+                try:
+                    output = await within(stream.__anext__())
+                except StopAsyncIteration:
+                    return
+                except (TimeoutError, asyncio.CancelledError):
+                    raise
+                except Exception as exc:
+                    yield 0, exc
+                    return
+                yield 0, output
+        finally:
+            deadline.cancel()
 
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
 
@@ -85,6 +121,7 @@ async def merge(streams: Sequence[Any], timeout_s: float) -> AsyncIterator[tuple
         finally:
             queue.put_nowait((index, _END))
 
+    loop = asyncio.get_running_loop()
     tasks = [loop.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:
         remaining = len(streams)
@@ -95,5 +132,6 @@ async def merge(streams: Sequence[Any], timeout_s: float) -> AsyncIterator[tuple
             else:
                 yield index, output
     finally:
+        deadline.cancel()
         for task in tasks:
             task.cancel()
