@@ -461,6 +461,7 @@ def test_the_app_config_selects_the_router_and_serve_can_load_it():
         "prefix_max_share": 0.25,
         "adapter_weight": 500.0,
         "base_model": "SmolLM2-135M-Instruct",
+        "session_affinity": True,
     }
     assert "request_router_config" not in deployment_options(AppConfig(engine="simulated", routing={"router": "serve"}))
 

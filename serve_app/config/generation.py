@@ -207,6 +207,13 @@ class RoutingSettings(Strict):
         "holds are as many as it holds at most (a load there evicts another); 0: none (docs/fleet.md: how the "
         "default was chosen)",
     )
+    session_affinity: bool = Field(
+        True,
+        description="`tokens`: a request of a session (the `x-session-id` header, a handle's "
+        "`options(session_id=...)`) goes back to the replica its session was last sent to, unless that replica "
+        "holds more than `prefix_max_share` of its budget beyond the others (the prefix score's guard); requests "
+        "without one are routed as before",
+    )
 
     @model_validator(mode="after")
     def _fresh_enough(self) -> RoutingSettings:

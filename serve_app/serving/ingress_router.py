@@ -8,7 +8,9 @@ application that has an *ingress request router* attached, HAProxy first POSTs t
 does the same with its ``LLMRouter``). This deployment is that router for the generation app: it reads the
 body's cost fields (:func:`~serve_app.serving.routing.request_cost.body_call`) and asks the deployment's own
 request router (:class:`~serve_app.serving.routing.TokenLoadRouter`) to pick, as for a handle call of the same
-shape, without sending anything (the request itself goes through HAProxy).
+shape, without sending anything (the request itself goes through HAProxy). HAProxy forwards the client's
+session header (Serve's ``x-session-id``) with the body; the router gets it as Serve's ``session_id``, for its
+session affinity.
 
 ``/internal/route`` answers ``{"host", "port", "replica_id"}``; anything else (503 while no replica is up) makes
 HAProxy answer 503 itself. HAProxy carries the request and its answer, so this router never sees one end: it asks
@@ -19,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from ray import serve
+from ray.serve._private.http_util import session_id_from_headers
 from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
@@ -30,6 +34,14 @@ from .routing.reports import poll_in_this_process
 from .routing.request_cost import body_call
 
 router_api = FastAPI(title="token-batching ingress router", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+# Above the class: serve.ingress copies the FastAPI app, and with it the class's methods, by value as it decorates
+# the class, and the copies see only the globals defined by then.
+def route_options(method: str, headers: Mapping[str, str]) -> dict[str, str]:
+    """The handle options a request is routed with: the call its body is priced as, and the session id of its
+    headers (Serve's ``x-session-id``, or ``RAY_SERVE_SESSION_ID_HEADER_KEY``; "" for none, as Serve's own)."""
+    return {"method_name": method, "session_id": session_id_from_headers(headers) or ""}  # type: ignore[arg-type]
 
 
 @serve.deployment(name="TokenRoute", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
@@ -48,7 +60,7 @@ class IngressRouter:
         except ValueError:
             body = None  # the replica answers the bad body itself; routing only needs a replica
         method, fields = body_call(body)
-        handle = self._server.options(method_name=method)
+        handle = self._server.options(**route_options(method, request.headers))
         try:
             async with handle.choose_replica(_reserve=False, **fields) as selection:
                 replica = selection._replica  # Ray's own LLMRouter reads the same private field

@@ -82,6 +82,7 @@ def deployment_options(config: DeploymentConfig) -> dict[str, Any]:
                 "prefix_max_share": routing.prefix_max_share,
                 "adapter_weight": routing.adapter_weight,
                 "base_model": config.model_name,  # type: ignore[attr-defined]
+                "session_affinity": routing.session_affinity,
             },
             "request_routing_stats_period_s": routing.stats_period_s,
         }

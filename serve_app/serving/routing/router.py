@@ -27,10 +27,12 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
   request's prompt tokens the replica most likely holds in its prefix cache (:mod:`serve_app.serving.routing.prefixes`:
   what this router sent it before), times ``prefix_weight``, and never more than ``prefix_max_share`` of its
   budget: that bound is the guard that a shared prefix never piles more onto one replica than that share of its
-  budget beyond what the others hold. A request that names a LoRA adapter (its ``model``) also costs
-  ``adapter_weight`` tokens more on each replica that does not hold the adapter, twice that where the replica's
-  adapter slots are full (the adapter score, :mod:`.adapters`: what the replica reports its engine holds, and where
-  this router sent adapters since). Replicas within ``tie_fraction`` of
+  budget beyond what the others hold. A request of a session (Serve's ``session_id``: the ``x-session-id`` header,
+  or a handle's ``options(session_id=...)``) gives the replica its session was last sent to that whole bound as its
+  credit instead (:mod:`.sessions`): the session stays there within the guard and moves beyond it. A request that
+  names a LoRA adapter (its ``model``) also costs ``adapter_weight`` tokens more on each replica that does not hold
+  the adapter, twice that where the replica's adapter slots are full (the adapter score, :mod:`.adapters`: what the
+  replica reports its engine holds, and where this router sent adapters since). Replicas within ``tie_fraction`` of
   each other tie; ties go to the local node or zone first (only where the router prefers locality, as the
   HTTP proxy does), then to the shorter queue, then at random. The queue is the replica's reported prompts
   plus the requests sent it since, as fresh as the tokens: not Serve's queue-length cache, whose entry for a
@@ -50,7 +52,8 @@ How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in
 Every process that routes (the HTTP proxy, each handle's owner) imports this module: it imports nothing of the
 app but two metric names, the cost estimates (:mod:`serve_app.serving.routing.request_cost`), its ledger of what it
 sent each replica (:mod:`serve_app.serving.routing.books`) and its index of the prompt blocks it sent each
-(:mod:`serve_app.serving.routing.prefixes`), and of the adapters it sent each (:mod:`.adapters`).
+(:mod:`serve_app.serving.routing.prefixes`), of the adapters it sent each (:mod:`.adapters`) and of where each
+session went (:mod:`.sessions`).
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ from .books import Ledger, Routed
 from .prefixes import PrefixIndex, prompt_text
 from .reports import Reports
 from .request_cost import asgi_scope, handle_cost, handle_prompt, http_cost
+from .sessions import SessionIndex
 
 if TYPE_CHECKING:
     from ray.serve._private.replica_result import ReplicaResult
@@ -109,6 +113,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         adapter_weight: what loading a LoRA adapter costs a replica, in tokens: added to the load of each replica
             that does not hold the request's adapter, twice where its adapter slots are full (0: no adapter score).
         base_model: the base model's name, which a request's ``model`` may give: no adapter.
+        session_affinity: credit the replica a request's session was last sent to, up to ``prefix_max_share``.
     """
 
     def initialize_state(
@@ -124,6 +129,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         prefix_capacity_blocks: int = 65_536,
         adapter_weight: float = 0.0,
         base_model: str | None = None,
+        session_affinity: bool = True,
     ) -> None:
         if (
             stale_after_s <= 0
@@ -133,17 +139,21 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             or prefix_weight < 0
             or prefix_max_share < 0
             or adapter_weight < 0
+            or not isinstance(session_affinity, bool)
         ):
             raise ValueError(
                 f"TokenLoadRouter: bad settings stale_after_s={stale_after_s} default_max_tokens={default_max_tokens} "
                 f"settle_s={settle_s} tie_fraction={tie_fraction} prefix_weight={prefix_weight} "
-                f"prefix_max_share={prefix_max_share} adapter_weight={adapter_weight}"
+                f"prefix_max_share={prefix_max_share} adapter_weight={adapter_weight} "
+                f"session_affinity={session_affinity!r}"
             )
         self.prefix_weight = prefix_weight
         self.prefix_max_share = prefix_max_share
         self._prefixes = PrefixIndex(prefix_block_chars, prefix_capacity_blocks)
         self.adapter_weight, self.base_model = adapter_weight, base_model
         self._adapters = AdapterIndex(settle_s)
+        self.session_affinity = session_affinity
+        self._sessions = SessionIndex()  # where each session was last sent
         self.stale_after_s = stale_after_s
         self.default_max_tokens = default_max_tokens
         self.settle_s = settle_s
@@ -221,17 +231,20 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         cost: float,
         cached: dict[ReplicaID, float] | None = None,
         loading: dict[ReplicaID, float] | None = None,
+        session: ReplicaID | None = None,
     ) -> list[RunningReplica]:
         """``replicas`` best first: by held tokens (+ ``cost``, - the prefix score of the ``cached`` prompt tokens
-        each holds, + the tokens of ``loading`` the request's adapter) over budget; ties by locality, queue, chance."""
+        each holds or, for the ``session``'s replica, its whole bound, + the tokens of ``loading`` the request's
+        adapter) over budget; ties by locality, queue, chance."""
         budgets = {r.replica_id: float(self._reports.of(r).get(TOKEN_BUDGET) or 0) for r in replicas}
         by_share = all(b > 0 for b in budgets.values())
         tie = self.tie_fraction if by_share else self.tie_fraction * max(budgets.values(), default=0.0)
         largest = max(budgets.values(), default=0.0)
 
         def load(r: RunningReplica) -> float:
-            credit = self.prefix_weight * (cached or {}).get(r.replica_id, 0.0)
-            credit = min(credit, self.prefix_max_share * (budgets[r.replica_id] or largest))
+            bound = self.prefix_max_share * (budgets[r.replica_id] or largest)  # the one guard, for both credits
+            prefix = self.prefix_weight * (cached or {}).get(r.replica_id, 0.0)
+            credit = bound if r.replica_id == session else min(prefix, bound)
             after = held[r.replica_id] + cost - credit + (loading or {}).get(r.replica_id, 0.0)
             return after / budgets[r.replica_id] if by_share else after
 
@@ -290,8 +303,11 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         cached = {r.replica_id: self._prefixes.matched(r.replica_id, keys) * tokens for r in candidate_replicas}
         adapter = self.adapter(pending_request)
         loading = self.loading(candidate_replicas, adapter)
-        ranked = self.rank(candidate_replicas, held, cost, cached, loading)  # type: ignore[arg-type]
+        session = pending_request.metadata.session_id if self.session_affinity else ""
+        went = self._sessions.replica(session)
+        ranked = self.rank(candidate_replicas, held, cost, cached, loading, went)  # type: ignore[arg-type]
         self._prefixes.record(ranked[0].replica_id, keys)
+        self._sessions.sent(session, ranked[0].replica_id, internal_id)
         if adapter is not None:
             self._adapters.sent(ranked[0].replica_id, adapter, now)
         self._ledger.choose(key, Routed(internal_id, cost, ranked[0].replica_id, now))
@@ -309,6 +325,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         internal_id = pending_request.metadata.internal_request_id
         cost = partial(self.estimate_cost, pending_request)
         self._ledger.routed(_key(pending_request), internal_id, replica_id, cost, self._clock())
+        self._sessions.routed(pending_request.metadata.session_id, replica_id, internal_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """It finished (or was refused): it holds nothing there any more, and the replica's latest report, if
@@ -327,6 +344,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._ledger.forget(set(self._ledger.books) - self._replica_id_set)
         self._prefixes.forget(self._prefixes.replicas() - self._replica_id_set)
         self._adapters.forget(self._adapters.replicas() - self._replica_id_set)
+        self._sessions.forget(self._sessions.replicas() - self._replica_id_set)
         self._reports.forget(set(self._reports.replicas()) - self._replica_id_set)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
@@ -334,4 +352,5 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._ledger.forget({replica_id})
         self._prefixes.forget({replica_id})
         self._adapters.forget({replica_id})
+        self._sessions.forget({replica_id})
         self._reports.forget({replica_id})
