@@ -126,6 +126,13 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             other. Default off: arrival order across tenants.
         tenant_fn: ``(record) -> hashable``, its tenant for ``fair_share`` and the per-tenant ``stats`` (an API
             key, the OpenAI ``user``, a job id). Default: ``record.tenant``, else None (one shared tenant).
+        group_fn: ``(record) -> hashable``, its group, or None (no group). With ``max_groups``, at most that many
+            distinct groups are in flight at once: an LLM engine's LoRA adapters, of which it runs at most a few
+            in one step (vLLM's ``max_loras``; a request of another adapter waits inside the engine, out of this
+            queue's order, for one to leave). A record whose group must wait is passed by the records of groups
+            in flight behind it until it has waited ``max_wait_s``; then it waits at the head and the groups in
+            flight drain for it. Records of no group are not counted. Default: no groups.
+        max_groups: see ``group_fn``; None (default): no limit.
         coalesce_fn: ``(earlier, later) -> output`` or None: joins a record's outputs that wait in its
             :class:`RecordStream` for a consumer that fell behind into one (None: those two stay apart, say the
             last). An engine's token deltas: the reader takes what came while it was busy in one piece, as
@@ -158,15 +165,21 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         share_hold_s: float = 5.0,
         fair_share: bool = False,
         tenant_fn: Callable[[RecordT], Hashable | None] | None = None,
+        group_fn: Callable[[RecordT], Hashable | None] | None = None,
+        max_groups: int | None = None,
         coalesce_fn: Callable[[ResultT, ResultT], ResultT | None] | None = None,
         default_cost: int = 1,
         latency_samples: int = 10_000,
     ) -> None:
-        for name, fn in (("priority_fn", priority_fn), ("tenant_fn", tenant_fn), ("coalesce_fn", coalesce_fn)):
+        functions = (("priority_fn", priority_fn), ("tenant_fn", tenant_fn), ("group_fn", group_fn))
+        for name, fn in (*functions, ("coalesce_fn", coalesce_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {fn!r}")
         self._priority_fn = priority_fn
         self._tenant_fn = tenant_fn
+        self._group_fn = group_fn
+        self._max_groups = None if max_groups is None else positive_int("max_groups", max_groups)
+        self._groups = {}
         self._coalesce_fn = coalesce_fn
         self._aging = None if aging_s is None else _number("aging_s", aging_s, 0.0, open_low=True)
         self._share = _number("low_priority_share", low_priority_share, 0.0, 1.0, open_low=True)

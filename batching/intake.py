@@ -26,6 +26,7 @@ class RecordIntake(RecordScheduler):
     _growth_estimator: Callable[[Any], Any] | None
     _priority_fn: Callable[[Any], Any] | None
     _tenant_fn: Callable[[Any], Any] | None
+    _group_fn: Callable[[Any], Any] | None
     _fair: bool
     _aging: float | None
     _max_queue_wait: float | None
@@ -80,7 +81,8 @@ class RecordIntake(RecordScheduler):
     def _make(self, record: Any, explicit: Any, sink: asyncio.Future | None) -> Ticket:
         cost = self._cost_of(record, explicit)
         growth = self._growth_of(record, cost)
-        ticket = Ticket(record, cost, growth, sink, 0.0, self._priority_of(record), self._tenant_of(record))
+        group = self._group_fn(record) if self._group_fn is not None else None
+        ticket = Ticket(record, cost, growth, sink, 0.0, self._priority_of(record), self._tenant_of(record), group)
         if sink is None:
             ticket.sink = RecordStream(lambda: self._withdraw(ticket, None), self._coalesce_fn)
         else:

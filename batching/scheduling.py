@@ -47,6 +47,8 @@ class RecordScheduler(BaseBatcher):
     _share_hold: float  # share_hold_s
     _share_timer: asyncio.TimerHandle | None  # a pump due when a share hold ends
     _running: set[Ticket]
+    _max_groups: int | None  # most distinct groups in flight at once
+    _groups: dict[Any, int]  # records in flight by group (None: none)
     _inflight_cost: int
     _drained: asyncio.Future | None  # set by stop(): resolved once nothing is queued or running
     _halted: bool  # stop() timed out: nothing more is admitted
@@ -83,11 +85,19 @@ class RecordScheduler(BaseBatcher):
             return True  # an idle engine takes anything, even a record costlier than the whole budget
         if len(self._running) >= self._max_inflight:
             return False
+        if not self._group_fits(ticket):
+            return False
         if self._capped and not self._within_share(ticket):
             return False
         if self._peak:
             return peak_cost([t.held() for t in self._running] + [ticket.held()]) <= self._budget
         return self._inflight_cost + ticket.cost <= self._budget
+
+    def _group_fits(self, ticket: Ticket) -> bool:
+        """Whether ``ticket``'s group may run now: it has none, its group is in flight already, or fewer than
+        ``max_groups`` groups are."""
+        group, most = ticket.group, self._max_groups
+        return group is None or most is None or group in self._groups or len(self._groups) < most
 
     @property
     def _capped(self) -> bool:
@@ -130,7 +140,9 @@ class RecordScheduler(BaseBatcher):
         queue's candidates (see :meth:`TicketQueue.candidates`): the oldest, or with ``length_aware`` the
         cheapest of the first ``lookahead`` unless the oldest has waited ``max_wait_s``. A record the share cap
         holds back (one of a lower priority that aging put first) does not hold back the higher priorities the
-        cap keeps room for: the best of those is chosen instead."""
+        cap keeps room for: the best of those is chosen instead. Nor does one whose group must wait for another to
+        leave (``max_groups``) hold back the records of groups in flight behind it, until it has waited
+        ``max_wait_s``: then it waits at the head, and the groups in flight drain for it."""
         above: int | None = None
         while True:
             candidates = self._queue.candidates(self._clock, above)
@@ -141,6 +153,8 @@ class RecordScheduler(BaseBatcher):
                 ticket = head
             else:
                 ticket = min(islice(candidates, self._lookahead), key=_cost)  # ties: the older one
+            if not self._group_fits(ticket) and self._clock() - ticket.enqueued_at < self._max_wait:
+                ticket = next((t for t in candidates if self._group_fits(t)), ticket)
             if self._capped and self._running and not self._within_share(ticket):
                 above = ticket.priority
                 continue
@@ -167,6 +181,8 @@ class RecordScheduler(BaseBatcher):
         ticket.state = ADMITTED
         ticket.started_at = now = self._clock()
         self._running.add(ticket)
+        if ticket.group is not None:
+            self._groups[ticket.group] = self._groups.get(ticket.group, 0) + 1
         self._inflight_cost += ticket.cost
         occupancy = self._inflight_cost / self._budget
         self._stats.admit(ticket.cost, now - ticket.enqueued_at, occupancy, len(self._running), ticket.tenant)
@@ -178,6 +194,13 @@ class RecordScheduler(BaseBatcher):
             return
         ticket.state = DONE
         self._running.discard(ticket)
+        group = ticket.group
+        if group is not None:
+            left = self._groups[group] - 1
+            if left:
+                self._groups[group] = left
+            else:
+                del self._groups[group]
         self._inflight_cost -= ticket.cost
         now = self._clock()
         self._queue.release(ticket, now)

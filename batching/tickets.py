@@ -33,12 +33,14 @@ def peak_cost(running: Sequence[tuple[int, int]]) -> int:
 
 
 class Ticket:
-    """One submitted record: where it is, what it costs, its priority and tenant, and where its outputs go."""
+    """One submitted record: where it is, what it costs, its priority, tenant and group, and where its outputs
+    go."""
 
     __slots__ = (
         "cost",
         "enqueued_at",
         "first_output",
+        "group",
         "growth",
         "last",
         "priority",
@@ -61,6 +63,7 @@ class Ticket:
         now: float,
         priority: int = 0,
         tenant: Hashable = None,
+        group: Hashable = None,
     ) -> None:
         self.record = record
         self.cost = cost
@@ -69,6 +72,7 @@ class Ticket:
         self.enqueued_at = now
         self.priority = priority  # lower runs first (vLLM's meaning)
         self.tenant = tenant  # whom fair share charges (None: the shared tenant)
+        self.group = group  # what at most max_groups of run at once (a LoRA adapter; None: no group)
         self.seq = 0  # arrival order, set when queued
         self.state = QUEUED
         self.task: asyncio.Task | None = None

@@ -49,7 +49,12 @@ class ContinuousSettings(QueueSettings):
         "max_num_seqs as `vllm serve` sizes it: 128 on a CPU, 1024 on an H100). Fewer leave it under-filled; more "
         "would wait inside it, out of the batcher's order",
     )
-    max_wait_s: float = Field(2.0, ge=0.0, description="order `length_aware`: a request waiting this long goes next")
+    max_wait_s: float = Field(
+        2.0,
+        ge=0.0,
+        description="order `length_aware`: a request waiting this long goes next; with `lora`, a request whose "
+        "adapter must wait for another to leave is passed by requests of running adapters until it has waited this",
+    )
     peak_estimate: bool = Field(
         False, description="admit on LightLLM's estimate of the peak KV use of what runs instead of final sizes"
     )

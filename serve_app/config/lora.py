@@ -42,7 +42,10 @@ class LoraSettings(Strict):
         "the project's folder); `bundled`: the bundled adapter, trained offline by `make model`",
     )
     max_loaded: int = Field(
-        2, ge=1, description="adapters an engine holds at once (vLLM's max_loras); others wait in CPU memory"
+        2,
+        ge=1,
+        description="adapters an engine holds at once (vLLM's max_loras); others wait in CPU memory, and requests "
+        "for them wait in the batcher's queue until one of those in flight has no request left there",
     )
     max_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = Field(
         16, description="the largest adapter rank (vLLM's max_lora_rank, one of its sizes)"
@@ -62,9 +65,14 @@ class LoraSettings(Strict):
             out[name] = folder
         return out
 
+    @property
+    def running_at_once(self) -> int:
+        """Adapters the engine runs at once (vLLM's ``max_loras``): ``max_loaded``, at most as many as are named."""
+        return min(self.max_loaded, len(self.adapters))
+
     def engine_args(self) -> dict[str, Any]:
         """vLLM's ``AsyncEngineArgs`` for these adapters."""
-        loaded = min(self.max_loaded, len(self.adapters))
+        loaded = self.running_at_once
         return {
             "enable_lora": True,
             "max_loras": loaded,

@@ -50,6 +50,11 @@ def succeeded(result: GenerationResult, index: int = 0) -> GenerationResult:
     return result
 
 
+def adapter_of(request: GenerationRequest) -> str | None:
+    """The LoRA adapter ``request`` runs with (None: the base model): its group in the continuous batcher."""
+    return request.sampling.adapter
+
+
 def check(results: Sequence[GenerationResult]) -> list[GenerationResult]:
     """``results``, or :class:`~serve_app.errors.GenerationError` for the first that failed."""
     return [succeeded(result, index) for index, result in enumerate(results)]
@@ -82,7 +87,9 @@ class Generator(Core[AppConfig, BatcherSettings]):
             engine.kv_cache_tokens(), engine.max_running(), engine.low_priority_step_tokens()
         )
         self.budget = kwargs["max_inflight_cost"]
-        return ContinuousBatcher(self._process_one, progress_fn=progress, coalesce_fn=coalesce, **kwargs)
+        lora = self.config.lora  # an engine runs at most max_loaded adapters at once: the rest wait in our queue
+        groups = {"group_fn": adapter_of, "max_groups": lora.running_at_once} if lora is not None else {}
+        return ContinuousBatcher(self._process_one, progress_fn=progress, coalesce_fn=coalesce, **groups, **kwargs)
 
     async def _process_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """Batch mode: one batch into the engine."""

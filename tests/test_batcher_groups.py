@@ -1,0 +1,122 @@
+"""The continuous batcher's groups (``group_fn``, ``max_groups``: an engine's LoRA adapters, of which it runs a few
+at once): at most ``max_groups`` groups in flight; a record whose group must wait is passed by records of groups in
+flight, until it has waited ``max_wait_s``, when the groups in flight drain for it. On a fake engine, and the
+generation core on the simulated one (``lora.max_loaded``); no Ray."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from batching import ContinuousBatcher
+from serve_app.config import AppConfig
+from serve_app.core import Generator
+from serve_app.openai.common import SamplingFields
+
+from .test_continuous_batcher import FakeEngine, Req, ticks, until
+
+
+def group(req: Req) -> str | None:
+    """``A-1`` is of group ``A``; ``base-...`` of none."""
+    name = req.name.split("-")[0]
+    return None if name == "base" else name
+
+
+def groups_in(engine: FakeEngine) -> set[str]:
+    return {g for g in map(lambda name: group(Req(name, 1)), engine.running) if g is not None}
+
+
+async def test_a_third_group_waits_and_records_of_groups_in_flight_pass_it():
+    engine, most = FakeEngine(), []
+
+    async def watched(req: Req):
+        async for output in engine.generate(req):
+            most.append(len(groups_in(engine)))
+            yield output
+
+    async with ContinuousBatcher(watched, group_fn=group, max_groups=2, max_wait_s=60) as batcher:
+        names = ["A-1", "B-1", "C-1", "A-2", "base-1"]
+        futures = [batcher.submit_nowait(Req(name, 1, hold=name in ("A-1", "B-1"))) for name in names]
+        try:
+            await until(lambda: "base-1" in engine.finished and "A-2" in engine.finished)
+            await ticks(20)
+            assert engine.started == ["A-1", "B-1", "A-2", "base-1"]  # C-1 waits for a group to leave
+            engine.release("A-1")
+            await until(lambda: "C-1" in engine.started)
+        finally:
+            engine.release(*names)  # a failure must not leave the batcher draining held records
+        await asyncio.gather(*futures)
+    assert max(most) <= 2
+
+
+async def test_a_record_that_waited_max_wait_s_holds_the_head_until_a_group_leaves():
+    engine = FakeEngine()
+    async with ContinuousBatcher(engine.generate, group_fn=group, max_groups=2, max_wait_s=0.01) as batcher:
+        futures = [batcher.submit_nowait(Req(name, 1, hold=True)) for name in ["A-1", "B-1", "C-1"]]
+        try:
+            await until(lambda: engine.started == ["A-1", "B-1"])
+            await asyncio.sleep(0.02)  # C-1 has now waited past max_wait_s
+            futures.append(batcher.submit_nowait(Req("A-2", 1)))
+            await ticks(20)
+            assert engine.started == ["A-1", "B-1"]  # A-2 no longer passes it
+            engine.release("A-1")
+            await until(lambda: engine.started == ["A-1", "B-1", "C-1"])
+            await ticks(20)
+            assert "A-2" not in engine.started  # B and C run now: A waits for one of them
+        finally:
+            engine.release("A-1", "B-1", "C-1")
+        await asyncio.gather(*futures)
+    assert engine.started == ["A-1", "B-1", "C-1", "A-2"]
+
+
+async def test_without_max_groups_groups_do_not_limit_admission():
+    engine = FakeEngine()
+    async with ContinuousBatcher(engine.generate, group_fn=group) as batcher:
+        await asyncio.gather(*[batcher.submit_nowait(Req(f"{g}-1", 1)) for g in "ABCDE"])
+    assert engine.started == [f"{g}-1" for g in "ABCDE"]
+
+
+def test_max_groups_and_group_fn_are_checked():
+    with pytest.raises(ValueError, match="max_groups"):
+        ContinuousBatcher(FakeEngine().generate, group_fn=group, max_groups=0)
+    with pytest.raises(TypeError, match="group_fn"):
+        ContinuousBatcher(FakeEngine().generate, group_fn="adapter", max_groups=2)  # type: ignore[arg-type]
+
+
+async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at_once():
+    generator = Generator(
+        AppConfig(
+            engine="simulated",
+            simulated={"step_s": 0.001},
+            lora={"adapters": {name: "bundled" for name in "wxyz"}, "max_loaded": 2},
+        )
+    )
+    await generator.start()
+    inside: list[str | None] = []
+    most = 0
+    stream = generator.engine.stream
+
+    async def watched(request):  # what the engine holds: the adapters of the requests inside it
+        nonlocal most
+        inside.append(request.sampling.adapter)
+        most = max(most, len({a for a in inside if a is not None}))
+        try:
+            async for output in stream(request):
+                yield output
+        finally:
+            inside.remove(request.sampling.adapter)
+
+    generator.engine.stream = watched  # type: ignore[method-assign]
+    try:
+        builder = generator.requests
+        requests = [
+            request
+            for name in [*"wxyzw", None]
+            for request in await builder.prompts(["q"], builder.sampling(SamplingFields(model=name, max_tokens=8)))
+        ]
+        results = await generator.complete(requests)
+        assert [r.text.split("]")[0] for r in results[:5]] == [f"[simulated {name}" for name in "wxyzw"]
+        assert most == 2  # the other two adapters' requests waited in the batcher's queue
+    finally:
+        await generator.stop()
