@@ -534,6 +534,7 @@ def http_door_check(url: str) -> dict[str, Any]:
 
     from harness.replicas import replica_actors
     from serve_app.app import build_app
+    from serve_app.direct import replica_groups
 
     assert os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1", "the driver has serve.env's settings"
     ray.init(log_to_driver=False)
@@ -571,8 +572,6 @@ def http_door_check(url: str) -> dict[str, Any]:
         """Until the job is in the replicas' reports as the routers have them, and HAProxy's router for ``app`` (its
         ``/internal/route``) picks the other replica: its load is then 48 prompts' tokens against none, so nothing
         but a report without the job could make it pick the job's replica."""
-        from serve_app.direct import replica_groups
-
         group = next(g for g in replica_groups() if g["app_name"] == app and g["protocol"] == "HTTP")
         url = f"http://127.0.0.1:{group['ingress_request_router_targets'][0]['port']}/internal/route"
         deadline, loaded = time.monotonic() + 60, loaded_replicas(app)
@@ -584,6 +583,27 @@ def http_door_check(url: str) -> dict[str, Any]:
             picked = httpx.post(url, json=body, timeout=10).json()["replica_id"]
             if not any(picked.endswith(name) for name in loaded):
                 return
+
+    def requests_by_replica(app: str) -> dict[str, int]:
+        """The requests each replica's engine took so far, from each replica's own ``/stats`` (its direct port)."""
+        group = next(g for g in replica_groups() if g["app_name"] == app and g["protocol"] == "HTTP")
+        ports = [target["port"] for target in group["targets"]]  # each binds Serve's HTTP host, as HAProxy does here
+        stats = {port: httpx.get(f"http://127.0.0.1:{port}/{app}/stats", timeout=10).json() for port in ports}
+        return {str(port): s["engine_stats"]["requests"] for port, s in stats.items()}
+
+    def session_spread(app: str, session: str | None) -> list[int]:
+        """Where 8 short chats, one after another, went (requests per replica), with the ``x-session-id`` header
+        ``session`` (None: none). The ingress router never sees an HTTP answer end, so it counts each chat at its
+        replica until a report measured after it: without a session the next one goes to the other replica."""
+        while loaded_replicas(app):  # the cancelled job has left both replicas
+            time.sleep(0.2)
+        before = requests_by_replica(app)
+        headers = {"x-session-id": session} if session else {}
+        for _ in range(8):
+            body = {**chat, "stream": False, "max_tokens": 4}
+            response = httpx.post(f"{url}/{app}/v1/chat/completions", json=body, headers=headers, timeout=60)
+            assert response.status_code == 200, response.text
+        return sorted(n - before[name] for name, n in requests_by_replica(app).items())
 
     result = {}
     for router in ("tokens", "serve"):
@@ -607,6 +627,8 @@ def http_door_check(url: str) -> dict[str, Any]:
             wait_until_routed_away(router, handle, chat)  # the routers have the replicas' reports of the job
         result[router] = asyncio.run(prompts_held(router))
         job.cancel()
+        if router == "tokens":
+            result["session"], result["no_session"] = session_spread(router, "chat-42"), session_spread(router, None)
         serve.delete(router)
     result["fallbacks"] = stale_fallbacks()
     return result
@@ -632,7 +654,8 @@ def stale_fallbacks() -> list[str]:
 def test_chats_over_http_avoid_the_replica_a_handle_job_loads_under_haproxy(real_app):
     """HAProxy (serve.env) sends each chat straight to a replica; the token router, asked through the app's ingress
     router, sends the 8 to the replica the 48-prompt handle job does not hold (48 prompts on one, 8 on the other)
-    once the routers have the replicas' reports of the job.
+    once the routers have the replicas' reports of the job. Then 8 chats of one session (``x-session-id``) all go to
+    one replica, and 8 without the header do not.
     HAProxy's own least connections (``router: serve``) sees no connection from the job and puts chats on both."""
     result = real_app.call("tests.test_routing:http_door_check", real_app.url)
     tokens, serve = sorted(result["tokens"].values()), sorted(result["serve"].values())
@@ -640,4 +663,6 @@ def test_chats_over_http_avoid_the_replica_a_handle_job_loads_under_haproxy(real
     # ingress router's picks, which ran away from the job's replica on the router's own bookkeeping while the job's
     # report had not reached it yet (see routers_have_the_job).
     assert tokens == [8, 48], result  # result["fallbacks"]: a router's reports went stale
+    # x-session-id: HAProxy forwards it to the ingress router, the token router keeps the session on one replica
+    assert result["session"] == [0, 8] and result["no_session"] != [0, 8], result
     assert serve[1] > 48 and sum(serve) == 56, result  # least connections: chats beside the job too
