@@ -130,8 +130,9 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             distinct groups are in flight at once: an LLM engine's LoRA adapters, of which it runs at most a few
             in one step (vLLM's ``max_loras``; a request of another adapter waits inside the engine, out of this
             queue's order, for one to leave). A record whose group must wait is passed by the records of groups
-            in flight behind it until it has waited ``max_wait_s``; then it waits at the head and the groups in
-            flight drain for it. Records of no group are not counted. Default: no groups.
+            in flight behind it; once it has waited ``max_wait_s``, the group in flight with the fewest records
+            takes no more until it has left and the record takes its place, while the others go on. Records of
+            no group are not counted. Default: no groups.
         max_groups: see ``group_fn``; None (default): no limit.
         coalesce_fn: ``(earlier, later) -> output`` or None: joins a record's outputs that wait in its
             :class:`RecordStream` for a consumer that fell behind into one (None: those two stay apart, say the

@@ -99,6 +99,16 @@ class RecordScheduler(BaseBatcher):
         group, most = ticket.group, self._max_groups
         return group is None or most is None or group in self._groups or len(self._groups) < most
 
+    def _passes(self, other: Ticket, waiting: Ticket) -> bool:
+        """Whether ``other`` may start before ``waiting``, whose group must wait for another to leave: its group
+        fits, and, once ``waiting`` has waited ``max_wait_s``, it is not of the group in flight with the fewest
+        records, which then drains for ``waiting`` while the others go on."""
+        if not self._group_fits(other):
+            return False
+        if self._clock() - waiting.enqueued_at < self._max_wait:
+            return True
+        return other.group != min(self._groups, key=self._groups.__getitem__)
+
     @property
     def _capped(self) -> bool:
         """Whether lower priorities are held back at all while higher ones are about."""
@@ -141,8 +151,8 @@ class RecordScheduler(BaseBatcher):
         cheapest of the first ``lookahead`` unless the oldest has waited ``max_wait_s``. A record the share cap
         holds back (one of a lower priority that aging put first) does not hold back the higher priorities the
         cap keeps room for: the best of those is chosen instead. Nor does one whose group must wait for another to
-        leave (``max_groups``) hold back the records of groups in flight behind it, until it has waited
-        ``max_wait_s``: then it waits at the head, and the groups in flight drain for it."""
+        leave (``max_groups``) hold back the records of groups in flight behind it; once it has waited
+        ``max_wait_s``, the group in flight with the fewest records drains for it (see :meth:`_passes`)."""
         above: int | None = None
         while True:
             candidates = self._queue.candidates(self._clock, above)
@@ -153,8 +163,8 @@ class RecordScheduler(BaseBatcher):
                 ticket = head
             else:
                 ticket = min(islice(candidates, self._lookahead), key=_cost)  # ties: the older one
-            if not self._group_fits(ticket) and self._clock() - ticket.enqueued_at < self._max_wait:
-                ticket = next((t for t in candidates if self._group_fits(t)), ticket)
+            if not self._group_fits(ticket):
+                ticket = next((t for t in candidates if self._passes(t, ticket)), ticket)
             if self._capped and self._running and not self._within_share(ticket):
                 above = ticket.priority
                 continue

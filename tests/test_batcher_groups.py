@@ -1,7 +1,7 @@
 """The continuous batcher's groups (``group_fn``, ``max_groups``: an engine's LoRA adapters, of which it runs a few
 at once): at most ``max_groups`` groups in flight; a record whose group must wait is passed by records of groups in
-flight, until it has waited ``max_wait_s``, when the groups in flight drain for it. On a fake engine, and the
-generation core on the simulated one (``lora.max_loaded``); no Ray."""
+flight; once it has waited ``max_wait_s``, the group in flight with the fewest records drains for it. On a fake
+engine, and the generation core on the simulated one (``lora.max_loaded``); no Ray."""
 
 from __future__ import annotations
 
@@ -68,6 +68,26 @@ async def test_a_record_that_waited_max_wait_s_holds_the_head_until_a_group_leav
             engine.release("A-1", "B-1", "C-1")
         await asyncio.gather(*futures)
     assert engine.started == ["A-1", "B-1", "C-1", "A-2"]
+
+
+async def test_once_it_waited_max_wait_s_the_smallest_group_drains_for_it_and_the_others_go_on():
+    engine = FakeEngine()
+    held = ["A-1", "A-2", "B-1", "C-1", "A-3"]
+    async with ContinuousBatcher(engine.generate, group_fn=group, max_groups=2, max_wait_s=0.01) as batcher:
+        futures = [batcher.submit_nowait(Req(name, 1, hold=True)) for name in held[:4]]
+        try:
+            await until(lambda: engine.started == ["A-1", "A-2", "B-1"])
+            await asyncio.sleep(0.02)  # C-1 has now waited past max_wait_s: B (one in flight, against A's two) drains
+            futures += [batcher.submit_nowait(Req(name, 1, hold=name == "A-3")) for name in ("B-2", "A-3")]
+            await until(lambda: "A-3" in engine.started)  # A goes on
+            await ticks(20)
+            assert "B-2" not in engine.started
+            engine.release("B-1")
+            await until(lambda: "C-1" in engine.started)  # B has left: C takes its place
+        finally:
+            engine.release(*held)
+        await asyncio.gather(*futures)
+    assert engine.started.index("C-1") < engine.started.index("B-2")
 
 
 async def test_without_max_groups_groups_do_not_limit_admission():

@@ -53,7 +53,8 @@ class ContinuousSettings(QueueSettings):
         2.0,
         ge=0.0,
         description="order `length_aware`: a request waiting this long goes next; with `lora`, a request whose "
-        "adapter must wait for another to leave is passed by requests of running adapters until it has waited this",
+        "adapter must wait is passed by requests of running adapters, and once it has waited this, the running "
+        "adapter with the fewest requests takes no more until it has left",
     )
     peak_estimate: bool = Field(
         False, description="admit on LightLLM's estimate of the peak KV use of what runs instead of final sizes"

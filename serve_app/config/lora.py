@@ -45,7 +45,7 @@ class LoraSettings(Strict):
         2,
         ge=1,
         description="adapters an engine holds at once (vLLM's max_loras); others wait in CPU memory, and requests "
-        "for them wait in the batcher's queue until one of those in flight has no request left there",
+        "for them wait in the batcher's queue until one of those running has no request left there",
     )
     max_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = Field(
         16, description="the largest adapter rank (vLLM's max_lora_rank, one of its sizes)"
