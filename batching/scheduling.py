@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import islice
 from operator import attrgetter
 from typing import Any
@@ -99,15 +99,14 @@ class RecordScheduler(BaseBatcher):
         group, most = ticket.group, self._max_groups
         return group is None or most is None or group in self._groups or len(self._groups) < most
 
-    def _passes(self, other: Ticket, waiting: Ticket) -> bool:
-        """Whether ``other`` may start before ``waiting``, whose group must wait for another to leave: its group
-        fits, and, once ``waiting`` has waited ``max_wait_s``, it is not of the group in flight with the fewest
-        records, which then drains for ``waiting`` while the others go on."""
-        if not self._group_fits(other):
-            return False
-        if self._clock() - waiting.enqueued_at < self._max_wait:
-            return True
-        return other.group != min(self._groups, key=self._groups.__getitem__)
+    def _passing(self, waiting: Ticket, candidates: Iterable[Ticket]) -> Ticket | None:
+        """The first of ``candidates`` that may start before ``waiting``, whose group must wait for another to leave:
+        its group fits, and, once ``waiting`` has waited ``max_wait_s``, it is not of the group in flight with the
+        fewest records, which then drains for ``waiting`` while the others go on."""
+        drain = None
+        if self._clock() - waiting.enqueued_at >= self._max_wait:
+            drain = min(self._groups, key=self._groups.__getitem__)  # groups are full: never empty here
+        return next((t for t in candidates if self._group_fits(t) and (drain is None or t.group != drain)), None)
 
     @property
     def _capped(self) -> bool:
@@ -152,7 +151,7 @@ class RecordScheduler(BaseBatcher):
         holds back (one of a lower priority that aging put first) does not hold back the higher priorities the
         cap keeps room for: the best of those is chosen instead. Nor does one whose group must wait for another to
         leave (``max_groups``) hold back the records of groups in flight behind it; once it has waited
-        ``max_wait_s``, the group in flight with the fewest records drains for it (see :meth:`_passes`)."""
+        ``max_wait_s``, the group in flight with the fewest records drains for it (see :meth:`_passing`)."""
         above: int | None = None
         while True:
             candidates = self._queue.candidates(self._clock, above)
@@ -164,7 +163,7 @@ class RecordScheduler(BaseBatcher):
             else:
                 ticket = min(islice(candidates, self._lookahead), key=_cost)  # ties: the older one
             if not self._group_fits(ticket):
-                ticket = next((t for t in candidates if self._passes(t, ticket)), ticket)
+                ticket = self._passing(ticket, candidates) or ticket
             if self._capped and self._running and not self._within_share(ticket):
                 above = ticket.priority
                 continue

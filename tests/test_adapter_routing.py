@@ -8,11 +8,13 @@ from __future__ import annotations
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import pytest
 
 from serve_app.config import AppConfig
 from serve_app.core import Generator
+from serve_app.engines import GenerationRequest
 from serve_app.openai.common import SamplingFields
 from serve_app.serving.routing.adapters import ADAPTER_SLOTS, ADAPTERS, AdapterIndex
 from serve_app.serving.routing.request_cost import body_call
@@ -102,22 +104,29 @@ async def test_skewed_requests_for_four_adapters_load_them_far_less_often_with_t
     assert scored <= 4 and without >= 8 * scored, (without, scored)  # each adapter settles on one replica
 
 
-async def test_the_simulated_engine_runs_at_most_max_loaded_adapters_a_step_and_counts_each_load():
-    generator = Generator(
+def four_adapters() -> Generator:
+    """The generation core on the simulated engine, serving adapters ``w``, ``x``, ``y`` and ``z``, two at once."""
+    return Generator(
         AppConfig(
             engine="simulated",
             simulated={"step_s": 0.001},
             lora={"adapters": {name: "bundled" for name in "wxyz"}, "max_loaded": 2},
         )
     )
+
+
+async def naming(generator: Generator, models: Sequence[str | None], max_tokens: int) -> list[GenerationRequest]:
+    """One request of prompt ``q`` for each of ``models`` (an adapter's name; None: the base model)."""
+    builder = generator.requests
+    samplings = [builder.sampling(SamplingFields(model=model, max_tokens=max_tokens)) for model in models]
+    return [request for sampling in samplings for request in await builder.prompts(["q"], sampling)]
+
+
+async def test_the_simulated_engine_runs_at_most_max_loaded_adapters_a_step_and_counts_each_load():
+    generator = four_adapters()
     await generator.start()
     try:
-        builder = generator.requests
-        requests = [
-            request
-            for name in "wxyzw"
-            for request in await builder.prompts(["q"], builder.sampling(SamplingFields(model=name, max_tokens=3)))
-        ]
+        requests = await naming(generator, "wxyzw", max_tokens=3)
         results = await generator.complete(requests)
         assert [r.text.split("]")[0] for r in results] == [f"[simulated {name}" for name in "wxyzw"]
         engine = generator.engine

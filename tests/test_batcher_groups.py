@@ -10,10 +10,8 @@ import asyncio
 import pytest
 
 from batching import ContinuousBatcher
-from serve_app.config import AppConfig
-from serve_app.core import Generator
-from serve_app.openai.common import SamplingFields
 
+from .test_adapter_routing import four_adapters, naming
 from .test_continuous_batcher import FakeEngine, Req, ticks, until
 
 
@@ -105,13 +103,7 @@ def test_max_groups_and_group_fn_are_checked():
 
 
 async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at_once():
-    generator = Generator(
-        AppConfig(
-            engine="simulated",
-            simulated={"step_s": 0.001},
-            lora={"adapters": {name: "bundled" for name in "wxyz"}, "max_loaded": 2},
-        )
-    )
+    generator = four_adapters()
     await generator.start()
     inside: list[str | None] = []
     most = 0
@@ -129,13 +121,7 @@ async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at
 
     generator.engine.stream = watched  # type: ignore[method-assign]
     try:
-        builder = generator.requests
-        requests = [
-            request
-            for name in [*"wxyzw", None]
-            for request in await builder.prompts(["q"], builder.sampling(SamplingFields(model=name, max_tokens=8)))
-        ]
-        results = await generator.complete(requests)
+        results = await generator.complete(await naming(generator, [*"wxyzw", None], max_tokens=8))
         assert [r.text.split("]")[0] for r in results[:5]] == [f"[simulated {name}" for name in "wxyzw"]
         assert most == 2  # the other two adapters' requests waited in the batcher's queue
     finally:
