@@ -61,6 +61,15 @@ class CompletionRequest(OpenAIRequest):
         return list(prompt)  # type: ignore[arg-type]
 
 
+class CompletionLogprobs(Logprobs):
+    """A choice's log probabilities: OpenAI's, whose entries may be null where a token has none (the prompt's first
+    token, as vLLM's ``CompletionLogProbs`` has it). Built with validation, which pydantic's core does in one pass;
+    OpenAI's ``model_construct`` walks every value in Python."""
+
+    token_logprobs: list[float | None] | None = None  # type: ignore[assignment]
+    top_logprobs: list[dict[str, float] | None] | None = None  # type: ignore[assignment]
+
+
 class CompletionChunkChoice(CompletionChoice):
     """A stream chunk's choice: OpenAI's, whose finish reason is null until the choice's last chunk (as vLLM's
     ``CompletionResponseStreamChoice`` has it)."""
@@ -119,7 +128,7 @@ class CompletionFormat:
             offsets.append(offset)
             offset += len(t.token)
         self._offsets[index] = offset
-        return Logprobs.model_construct(  # model_construct: OpenAI's model allows no null token_logprobs entry
+        return CompletionLogprobs(
             text_offset=offsets,
             token_logprobs=[None if t.logprob is None else clamp_logprob(t.logprob) for t in tokens],
             tokens=[t.token for t in tokens],

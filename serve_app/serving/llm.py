@@ -202,10 +202,10 @@ class LLMServer(HandleMethods, Replica):
         sees the end (the Responses API stores its response there)."""
         if not body.stream:
             results = await self.core.complete(requests)
-            payload = fmt.response(results).model_dump(mode="json", exclude_none=True)
+            payload = fmt.response(results).model_dump_json(exclude_none=True)  # one pass in pydantic's core
             if finish is not None:
                 await finish(results)
-            return JSONResponse(payload)
+            return Response(payload, media_type="application/json")
         outputs = self.core.run(requests)  # a full queue is refused here, with a status, before the stream starts
         results: list[Any] = [None] * len(requests)
 
