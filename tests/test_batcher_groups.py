@@ -10,6 +10,8 @@ import asyncio
 import pytest
 
 from batching import ContinuousBatcher
+from serve_app.config import AppConfig
+from serve_app.core.generator import Generator
 
 from .test_adapter_routing import four_adapters, naming
 from .test_continuous_batcher import FakeEngine, Req, ticks, until
@@ -102,9 +104,19 @@ def test_max_groups_and_group_fn_are_checked():
         ContinuousBatcher(FakeEngine().generate, group_fn="adapter", max_groups=2)  # type: ignore[arg-type]
 
 
-async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at_once():
-    generator = four_adapters()
+def one_named_three_loaded_later() -> Generator:
+    """Adapter ``w`` named in the settings, two slots; ``x``, ``y`` and ``z`` are loaded at run time."""
+    config = AppConfig(
+        engine="simulated", simulated={"step_s": 0.001}, lora={"adapters": {"w": "bundled"}, "max_loaded": 2}
+    )
+    return Generator(config)
+
+
+@pytest.mark.parametrize("make", [four_adapters, one_named_three_loaded_later])
+async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at_once(make):
+    generator = make()
     await generator.start()
+    await generator.set_runtime_adapters({name: "bundled" for name in "xyz"})  # no change where they are named
     inside: list[str | None] = []
     most = 0
     stream = generator.engine.stream
@@ -123,6 +135,6 @@ async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at
     try:
         results = await generator.complete(await naming(generator, [*"wxyzw", None], max_tokens=8))
         assert [r.text.split("]")[0] for r in results[:5]] == [f"[simulated {name}" for name in "wxyzw"]
-        assert most == 2  # the other two adapters' requests waited in the batcher's queue
+        assert most == 2  # every slot in use (adapters loaded at run time too); the other two waited in the queue
     finally:
         await generator.stop()

@@ -30,7 +30,8 @@ def adapter_folder(tmp_path: Path, rank: int = 8) -> str:
 
 def test_lora_settings_name_each_bad_value(tmp_path):
     good = LoraSettings(adapters={"mine": adapter_folder(tmp_path), "ours": "bundled"}, max_loaded=4)
-    assert good.engine_args() == {"enable_lora": True, "max_loras": 2, "max_lora_rank": 16, "max_cpu_loras": 2}
+    # every slot asked for, though two are named: adapters loaded at run time need theirs
+    assert good.engine_args() == {"enable_lora": True, "max_loras": 4, "max_lora_rank": 16, "max_cpu_loras": 4}
     with pytest.raises(ValidationError, match=r"adapter 'gone': no adapter_config\.json"):
         LoraSettings(adapters={"gone": str(tmp_path / "nothing")})
     with pytest.raises(ValidationError, match="adapter name 'a b'"):

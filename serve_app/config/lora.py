@@ -65,17 +65,11 @@ class LoraSettings(Strict):
             out[name] = folder
         return out
 
-    @property
-    def running_at_once(self) -> int:
-        """Adapters the engine runs at once (vLLM's ``max_loras``): ``max_loaded``, at most as many as are named."""
-        return min(self.max_loaded, len(self.adapters))
-
     def engine_args(self) -> dict[str, Any]:
         """vLLM's ``AsyncEngineArgs`` for these adapters."""
-        loaded = self.running_at_once
-        return {
+        return {  # every slot, whatever is named now: adapters loaded at run time need theirs
             "enable_lora": True,
-            "max_loras": loaded,
+            "max_loras": self.max_loaded,
             "max_lora_rank": self.max_rank,
-            "max_cpu_loras": max(loaded, len(self.adapters)),
+            "max_cpu_loras": max(self.max_loaded, len(self.adapters)),
         }

@@ -88,7 +88,7 @@ class Generator(Core[AppConfig, BatcherSettings]):
         )
         self.budget = kwargs["max_inflight_cost"]
         lora = self.config.lora  # an engine runs at most max_loaded adapters at once: the rest wait in our queue
-        groups = {"group_fn": adapter_of, "max_groups": lora.running_at_once} if lora is not None else {}
+        groups = {"group_fn": adapter_of, "max_groups": lora.max_loaded} if lora is not None else {}
         return ContinuousBatcher(self._process_one, progress_fn=progress, coalesce_fn=coalesce, **groups, **kwargs)
 
     async def _process_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
