@@ -38,8 +38,11 @@ def system_prompts(folder: Path, seed: int = 7) -> list[str]:
     return prompts
 
 
-async def turn(session: Any, url: str, messages: list[dict[str, str]], start: float) -> dict[str, Any]:
-    """One streamed chat turn: its TTFT (first text), its answer and its output tokens."""
+async def turn(
+    session: Any, url: str, messages: list[dict[str, str]], start: float, conversation: str | None = None
+) -> dict[str, Any]:
+    """One streamed chat turn: its TTFT (first text), its answer and its output tokens; ``conversation``: sent as
+    Serve's session header (``x-session-id``), for the token router's session affinity."""
     body = {
         "model": MODEL_NAME,
         "messages": messages,
@@ -52,7 +55,8 @@ async def turn(session: Any, url: str, messages: list[dict[str, str]], start: fl
     sent = time.perf_counter()
     out: dict[str, Any] = {"sent": sent - start, "ok": False, "tokens": 0, "ttft": None, "text": ""}
     try:
-        async with session.post(f"{url}/v1/chat/completions", json=body) as response:
+        headers = {"x-session-id": conversation} if conversation is not None else None
+        async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as response:
             if response.status != 200:
                 out["error"] = f"{response.status}: {(await response.text())[:200]}"
                 return out
@@ -71,9 +75,12 @@ async def turn(session: Any, url: str, messages: list[dict[str, str]], start: fl
     return out
 
 
-async def conversations(url: str, systems: list[str], load_s: float, seed: int = 3) -> list[dict[str, Any]]:
+async def conversations(
+    url: str, systems: list[str], load_s: float, seed: int = 3, sessions: bool = False
+) -> list[dict[str, Any]]:
     """``CONVERSATIONS`` clients, each one conversation at a time on its group's system prompt, turn after turn,
-    until ``load_s`` has passed; every turn's outcome."""
+    until ``load_s`` has passed; every turn's outcome. ``sessions``: each conversation's turns carry its own
+    ``x-session-id``."""
     import aiohttp
 
     outcomes: list[dict[str, Any]] = []
@@ -84,12 +91,15 @@ async def conversations(url: str, systems: list[str], load_s: float, seed: int =
         async def client(index: int) -> None:
             rng = random.Random(seed * 1000 + index)
             system = systems[index // SHARING]
+            started = 0
             while time.perf_counter() - start < load_s:
                 messages = [{"role": "system", "content": system}]
+                conversation = f"client-{index}-conversation-{started}" if sessions else None
+                started += 1
                 for number in range(TURNS):
                     question = " ".join(rng.choice(WORDS) for _ in range(12))
                     messages.append({"role": "user", "content": f"Turn {number} of client {index}: {question}?"})
-                    outcome = await turn(session, url, messages, start)
+                    outcome = await turn(session, url, messages, start, conversation)
                     outcomes.append({**outcome, "turn": number, "client": index})
                     if not outcome["ok"] or time.perf_counter() - start >= load_s:
                         break

@@ -8,6 +8,8 @@ of its own):
   app-tokens            serve_config.yaml's app, 2 replicas, ``routing.router: tokens`` (its default)
   app-tokens-noprefix   the same without the token router's prefix score (``routing.prefix_weight: 0``)
   app-tokens-prefix4    the same with a stronger prefix score (``routing.prefix_weight: 4``)
+  app-tokens-sessions   app-tokens, each conversation's turns sent with an ``x-session-id`` of its own (the token
+                        router's session affinity; the prefix workload only)
   app-serve             the same app with ``routing.router: serve``: Serve's router as shipped (with serve.env's
                         HAProxy at the door, HAProxy's own balancing; app-tokens's POSTs go through the app's
                         ingress router first)
@@ -71,6 +73,7 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "app-tokens": ("app", {"routing": {"router": "tokens"}}),
     "app-tokens-noprefix": ("app", {"routing": {"router": "tokens", "prefix_weight": 0}}),
     "app-tokens-prefix4": ("app", {"routing": {"router": "tokens", "prefix_weight": 4}}),
+    "app-tokens-sessions": ("app", {"routing": {"router": "tokens"}}),  # its client sends x-session-id
     "app-serve": ("app", {"routing": {"router": "serve"}}),
     "app-tokens-nice19": ("app", {"routing": {"router": "tokens"}, "vllm": {"cpu_replica_niceness": 19}}),
     "app-serve-nice19": ("app", {"routing": {"router": "serve"}, "vllm": {"cpu_replica_niceness": 19}}),
@@ -85,8 +88,10 @@ proxy, as Serve's own routers do, instead of in an ingress router HAProxy asks f
 OPTIONAL = ("nice", "python-proxy")  # variants run when named, not by default
 DEFAULT_WORKLOAD = "chats"  # its page is routing_real.md; another workload's is routing_real-<name>.md
 PREFIXES = "prefixes"  # the closed-loop conversations of prefix_load, not a schedule of WORKLOADS
-PREFIX_VARIANTS = ("app-tokens-noprefix", "app-tokens-prefix4")
-"""Variants of the token router's prefix score: they run on the prefix workload alone."""
+SESSION_PEERS = ("app-tokens-sessions",)
+"""Peers whose client names each conversation in Serve's session header."""
+PREFIX_VARIANTS = ("app-tokens-noprefix", "app-tokens-prefix4", *SESSION_PEERS)
+"""Variants of the token router's prefix score and session affinity: they run on the prefix workload alone."""
 PREFIX_PEERS = ["app-tokens", *PREFIX_VARIANTS, "app-serve", "ray-serve-llm-prefix"]
 
 
@@ -123,11 +128,12 @@ def scheduled(events: list[dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
     return drive
 
 
-def conversing(systems: list[str], load_s: float) -> Callable[[str], dict[str, Any]]:
-    """The prefix workload's closed-loop conversations: their figures and their turns."""
+def conversing(systems: list[str], load_s: float, sessions: bool = False) -> Callable[[str], dict[str, Any]]:
+    """The prefix workload's closed-loop conversations (``sessions``: each with its ``x-session-id``): their
+    figures and their turns."""
 
     def drive(url: str) -> dict[str, Any]:
-        outcomes = asyncio.run(prefix_load.conversations(url, systems, load_s))
+        outcomes = asyncio.run(prefix_load.conversations(url, systems, load_s, sessions=sessions))
         fields = prefix_load.REQUEST_FIELDS
         return {**prefix_load.summarize(outcomes), "requests": [{k: o.get(k) for k in fields} for o in outcomes]}
 
@@ -252,17 +258,18 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     folder = prepare()
     if args.workload == PREFIXES:
-        drive = conversing(prefix_load.system_prompts(folder), LOAD_S[mode])
+        systems = prefix_load.system_prompts(folder)
+        drives = {sessions: conversing(systems, LOAD_S[mode], sessions) for sessions in (False, True)}
         args.peers = args.peers or PREFIX_PEERS
     else:
         events = schedule(WORKLOADS[args.workload], LOAD_S[mode])
-        drive = scheduled(events)
+        drives = dict.fromkeys((False, True), scheduled(events))
         args.peers = args.peers or [p for p in PEERS if not any(o in p for o in OPTIONAL) and p not in PREFIX_VARIANTS]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
         for name in args.peers:
             try:
-                row = measure_peer(name, folder, Path(tmp), drive)
+                row = measure_peer(name, folder, Path(tmp), drives[name in SESSION_PEERS])
             except Exception as exc:  # a peer that does not deploy is reported as such; the others still run
                 row = {"peer": name, "error": repr(exc)[:300]}
             print(json.dumps({k: v for k, v in row.items() if k != "requests"}, default=str), flush=True)

@@ -10,6 +10,39 @@ import json
 from benchmarks.routing import prefix_load
 
 
+async def answer(request, number: int):
+    """A streamed chat answer, ``answer <number>``, of 3 tokens."""
+    from aiohttp import web
+
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for chunk in (
+        {"choices": [{"delta": {"content": f"answer {number}"}}]},
+        {"choices": [], "usage": {"completion_tokens": 3}},
+    ):
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    return response
+
+
+async def talk(chat, sessions: bool = False, seconds: float = 0.3) -> list[dict]:
+    """The conversations for ``seconds`` against ``chat``, a stand-in chat route in this process."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        return await prefix_load.conversations(url, [f"system {i}" for i in range(8)], seconds, sessions=sessions)
+    finally:
+        await runner.cleanup()
+
+
 def test_system_prompts_are_seeded_distinct_and_of_the_stated_length():
     from transformers import AutoTokenizer
 
@@ -34,30 +67,9 @@ def test_each_turn_sends_its_conversation_so_far_and_a_failed_turn_ends_it():
         seen.append(messages)
         if "client 31" in messages[-1]["content"]:
             return web.json_response({"error": {"message": "refused"}}, status=400)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for chunk in (
-            {"choices": [{"delta": {"content": f"answer {len(messages)}"}}]},
-            {"choices": [], "usage": {"completion_tokens": 3}},
-        ):
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
-        return response
+        return await answer(request, len(messages))
 
-    async def run() -> list[dict]:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            return await prefix_load.conversations(f"http://127.0.0.1:{port}", [f"system {i}" for i in range(8)], 0.3)
-        finally:
-            await runner.cleanup()
-
-    outcomes = asyncio.run(run())
+    outcomes = asyncio.run(talk(chat))
     for messages in seen:
         turn = (len(messages) - 2) // 2
         assert messages[0]["content"] == f"system {int(messages[-1]['content'].split('client ')[1].split(':')[0]) // 4}"
@@ -69,3 +81,20 @@ def test_each_turn_sends_its_conversation_so_far_and_a_failed_turn_ends_it():
     assert refused and all(not o["ok"] and o["turn"] == 0 and "400" in o["error"] for o in refused)
     figures = prefix_load.summarize(outcomes)
     assert figures["failed"] == len(refused) and figures["ttft_p50_s"] > 0
+
+
+def test_with_sessions_each_conversation_names_itself_in_the_session_header():
+    sessions: dict[str | None, set[str]] = {}  # x-session-id -> the conversations (client, first question) it named
+
+    async def chat(request):
+        messages = (await request.json())["messages"]
+        sessions.setdefault(request.headers.get("x-session-id"), set()).add(messages[1]["content"])
+        return await answer(request, len(messages))
+
+    asyncio.run(talk(chat))
+    assert list(sessions) == [None]  # no header unless asked
+    sessions.clear()
+    outcomes = asyncio.run(talk(chat, sessions=True, seconds=1.0))  # time for conversations to start over
+    assert None not in sessions and len(sessions) > prefix_load.CONVERSATIONS  # a new id for each new conversation
+    assert all(len(firsts) == 1 for firsts in sessions.values())  # one conversation's turns, and only its
+    assert max(o["turn"] for o in outcomes) == prefix_load.TURNS - 1
