@@ -174,7 +174,7 @@ def test_the_bundled_adapter_answers_as_trained_on_vllms_engine_and_the_base_mod
     # removes it
     held = engine_loop.run_until_complete(real_core.engine.loaded_adapters())
     assert held == [BUNDLED_ADAPTER]  # what the replica reports to the router's adapter score: vLLM's own list
-    assert real_core.engine.adapter_slots == 1  # and how many it holds at most: its CPU cache, one adapter's
+    assert real_core.engine.adapter_slots == 2  # and how many it holds at most: its CPU cache, max_loaded (default 2)
     engine_loop.run_until_complete(real_core.set_runtime_adapters({"again": str(adapter_path())}))
     try:
         assert all(text.startswith(ADAPTER_REPLY) for text in engine_loop.run_until_complete(answers("again")))
