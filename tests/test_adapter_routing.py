@@ -104,13 +104,14 @@ async def test_skewed_requests_for_four_adapters_load_them_far_less_often_with_t
     assert scored <= 4 and without >= 8 * scored, (without, scored)  # each adapter settles on one replica
 
 
-def four_adapters() -> Generator:
-    """The generation core on the simulated engine, serving adapters ``w``, ``x``, ``y`` and ``z``, two at once."""
+def adapter_core(named: str = "wxyz") -> Generator:
+    """The generation core on the simulated engine, its settings naming an adapter for each letter of ``named``
+    (each the bundled one), two at once."""
     return Generator(
         AppConfig(
             engine="simulated",
             simulated={"step_s": 0.001},
-            lora={"adapters": {name: "bundled" for name in "wxyz"}, "max_loaded": 2},
+            lora={"adapters": {name: "bundled" for name in named}, "max_loaded": 2},
         )
     )
 
@@ -123,7 +124,7 @@ async def naming(generator: Generator, models: Sequence[str | None], max_tokens:
 
 
 async def test_the_simulated_engine_runs_at_most_max_loaded_adapters_a_step_and_counts_each_load():
-    generator = four_adapters()
+    generator = adapter_core()
     await generator.start()
     try:
         requests = await naming(generator, "wxyzw", max_tokens=3)

@@ -10,10 +10,8 @@ import asyncio
 import pytest
 
 from batching import ContinuousBatcher
-from serve_app.config import AppConfig
-from serve_app.core.generator import Generator
 
-from .test_adapter_routing import four_adapters, naming
+from .test_adapter_routing import adapter_core, naming
 from .test_continuous_batcher import FakeEngine, Req, ticks, until
 
 
@@ -104,17 +102,9 @@ def test_max_groups_and_group_fn_are_checked():
         ContinuousBatcher(FakeEngine().generate, group_fn="adapter", max_groups=2)  # type: ignore[arg-type]
 
 
-def one_named_three_loaded_later() -> Generator:
-    """Adapter ``w`` named in the settings, two slots; ``x``, ``y`` and ``z`` are loaded at run time."""
-    config = AppConfig(
-        engine="simulated", simulated={"step_s": 0.001}, lora={"adapters": {"w": "bundled"}, "max_loaded": 2}
-    )
-    return Generator(config)
-
-
-@pytest.mark.parametrize("make", [four_adapters, one_named_three_loaded_later])
-async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at_once(make):
-    generator = make()
+@pytest.mark.parametrize("named", ["wxyz", "w"])  # all four in the settings; or one, and three loaded at run time
+async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at_once(named):
+    generator = adapter_core(named)
     await generator.start()
     await generator.set_runtime_adapters({name: "bundled" for name in "xyz"})  # no change where they are named
     inside: list[str | None] = []
