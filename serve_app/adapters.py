@@ -30,6 +30,8 @@ SEED = 0
 STEPS = 20
 BATCH = 4
 RANK = 8
+TARGET_MODULES = ("q_proj", "v_proj")
+"""The model's modules the adapter trains (the attention's queries and values)."""
 _SUBJECTS = ["the sky", "a cat", "Paris", "music", "the sea", "winter", "a robot", "bread", "chess", "the moon"]
 _ASKS = ["Tell me about {}.", "What do you think of {}?", "Describe {} in one line.", "Why does {} matter?"]
 
@@ -82,7 +84,7 @@ def prepare(force: bool = False) -> Path:
     torch.manual_seed(SEED)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    config = LoraConfig(r=RANK, lora_alpha=2 * RANK, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    config = LoraConfig(r=RANK, lora_alpha=2 * RANK, lora_dropout=0.0, target_modules=list(TARGET_MODULES))
     model = get_peft_model(model, config)
     examples = _examples(tokenizer, STEPS * BATCH)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)

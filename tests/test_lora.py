@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,16 +23,25 @@ ADAPTERS = {"answer": "bundled", "legal": "bundled"}
 LORA = {"adapters": ADAPTERS}
 
 
-def adapter_folder(tmp_path: Path, rank: int = 8) -> str:
+def adapter_folder(tmp_path: Path, rank: int = 8, modules: Any = ("q_proj",), **more: Any) -> str:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": rank, "target_modules": ["q_proj"]}))
+    modules = list(modules) if isinstance(modules, tuple) else modules
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": rank, "target_modules": modules, **more}))
     return str(tmp_path)
 
 
 def test_lora_settings_name_each_bad_value(tmp_path):
-    good = LoraSettings(adapters={"mine": adapter_folder(tmp_path), "ours": "bundled"}, max_loaded=4)
+    good = LoraSettings(
+        adapters={"mine": adapter_folder(tmp_path / "a"), "ours": adapter_folder(tmp_path / "b")}, max_loaded=4
+    )
     # every slot asked for, though two are named: adapters loaded at run time need theirs
-    assert good.engine_args() == {"enable_lora": True, "max_loras": 4, "max_lora_rank": 16, "max_cpu_loras": 4}
+    assert good.engine_args() == {
+        "enable_lora": True,
+        "max_loras": 4,
+        "max_lora_rank": 16,
+        "max_cpu_loras": 4,
+        "lora_target_modules": ["q_proj"],
+    }
     with pytest.raises(ValidationError, match=r"adapter 'gone': no adapter_config\.json"):
         LoraSettings(adapters={"gone": str(tmp_path / "nothing")})
     with pytest.raises(ValidationError, match="adapter name 'a b'"):
@@ -42,6 +52,30 @@ def test_lora_settings_name_each_bad_value(tmp_path):
         LoraSettings(adapters=ADAPTERS, max_rank=12)  # not one of vLLM's sizes
     with pytest.raises(ValidationError, match="the base model's name"):
         AppConfig(engine="simulated", lora={"adapters": {"SmolLM2-135M-Instruct": "bundled"}})
+    with pytest.raises(ValidationError, match="target_modules"):
+        LoraSettings(adapters=ADAPTERS, target_modules=[])
+
+
+def test_the_engine_applies_lora_to_the_modules_the_adapters_target_alone(tmp_path):
+    q, qv = adapter_folder(tmp_path / "q"), adapter_folder(tmp_path / "qv", modules=("v_proj", "q_proj"))
+    o = json.loads((Path(adapter_folder(tmp_path / "o", modules=("o_proj",))) / "adapter_config.json").read_text())
+
+    def modules(**settings: Any) -> Any:
+        return LoraSettings(**settings).engine_args().get("lora_target_modules")
+
+    assert modules(adapters={"q": q, "qv": qv}) == ["q_proj", "v_proj"]  # auto: what the named adapters target
+    assert modules(adapters={"q": q}, target_modules=["o_proj", "q_proj"]) == ["o_proj", "q_proj"]
+    assert modules(adapters={"q": q}, target_modules="all") is None  # vLLM's default: every module it can
+    # a pattern, or whole modules saved, could be any module: every one
+    assert modules(adapters={"q": q, "p": adapter_folder(tmp_path / "p", modules="all-linear")}) is None
+    assert modules(adapters={"q": q, "s": adapter_folder(tmp_path / "s", modules_to_save=["lm_head"])}) is None
+    # an adapter loaded at run time that targets another module would lose it without a word: refused, named
+    LoraSettings(adapters={"qv": qv}).check_adapter({"target_modules": ["q_proj"]})
+    with pytest.raises(ValueError, match=r"targets o_proj; .* LoRA to q_proj, v_proj alone \(lora.target_modules\)"):
+        LoraSettings(adapters={"qv": qv}).check_adapter(o)
+    with pytest.raises(ValueError, match="targets a pattern or whole modules"):
+        LoraSettings(adapters={"qv": qv}).check_adapter({"target_modules": ".*proj"})
+    LoraSettings(adapters={"qv": qv}, target_modules="all").check_adapter(o)
 
 
 def test_the_vllm_engine_gets_each_adapter_as_a_lora_request_of_its_own(tmp_path):
@@ -123,6 +157,7 @@ async def test_every_http_route_and_handles_answer_with_the_adapter_named_in_mod
 async def test_adapters_load_and_unload_at_run_time_as_vllms_server_does(lora_app, scripted_app, tmp_path):
     base, _ = lora_app
     fresh, wide = adapter_folder(tmp_path / "fresh"), adapter_folder(tmp_path / "wide", rank=32)
+    mlp = adapter_folder(tmp_path / "mlp", modules=("q_proj", "up_proj"))
     ask = {"model": "fresh", "prompt": "hi", "max_tokens": 1}
     async with httpx.AsyncClient(base_url=base, timeout=60) as http:
         assert (await http.post("/v1/completions", json=ask)).status_code == 404
@@ -137,6 +172,7 @@ async def test_adapters_load_and_unload_at_run_time_as_vllms_server_does(lora_ap
             ({"lora_name": "wide", "lora_path": wide}, "lora_path", "rank 32 is above lora.max_rank (16)"),
             ({"lora_name": "gone", "lora_path": str(tmp_path / "nothing")}, "lora_path", "no LoRA adapter in"),
             ({"lora_name": "a b", "lora_path": fresh}, "lora_name", "letters, digits"),
+            ({"lora_name": "mlp", "lora_path": mlp}, "lora_path", "targets up_proj; this app's engine applies LoRA"),
         ]:
             refused = await http.post("/v1/load_lora_adapter", json=body)
             assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
@@ -175,6 +211,8 @@ def test_the_bundled_adapter_answers_as_trained_on_vllms_engine_and_the_base_mod
     held = engine_loop.run_until_complete(real_core.engine.loaded_adapters())
     assert held == [BUNDLED_ADAPTER]  # what the replica reports to the router's adapter score: vLLM's own list
     assert real_core.engine.adapter_slots == 2  # and how many it holds at most: its CPU cache, max_loaded (default 2)
+    # LoRA's kernels on the modules the adapter trained alone (`target_modules: auto`)
+    assert real_core.engine._llm.vllm_config.lora_config.target_modules == ["q_proj", "v_proj"]
     engine_loop.run_until_complete(real_core.set_runtime_adapters({"again": str(adapter_path())}))
     try:
         assert all(text.startswith(ADAPTER_REPLY) for text in engine_loop.run_until_complete(answers("again")))

@@ -2,7 +2,9 @@
 server (``--enable-lora --lora-modules``, the same adapters, slots and rank), each alone on the machine, on the
 bundled model. The four adapters are the bundled one under four names (each a LoRA of its own to the engine: its
 own id, loaded and evicted on its own). ``vllm bench serve`` picks one at random for each request
-(``--lora-modules``: uniformly; it has no skewed choice), completions streamed, ``ignore_eos``.
+(``--lora-modules``: uniformly; it has no skewed choice), completions streamed, ``ignore_eos``. vLLM's server runs
+as its users start it (LoRA on every module it can) and, the stronger configuration, on the modules the adapter
+targets (``--lora-target-modules``, what the app's ``target_modules: auto`` does).
 
     python -m benchmarks.adapters serving [--rounds 1] [--prompts 48] [--concurrency 16]
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.vllm_bench import ClientFailed, bench_serve
+from serve_app.adapters import TARGET_MODULES
 
 from ..lib.peers import MODEL_NAME
 from ..lib.report import RESULTS, stamp, table
@@ -27,7 +30,7 @@ from ..serving.peers import running
 NAMES = ("ad-1", "ad-2", "ad-3", "ad-4")
 SLOTS, RANK = 2, 16
 INPUT_LEN, OUTPUT_LEN = 96, 64
-PEERS = ("app", "vllm")
+PEERS = ("app", "vllm", "vllm-targets")
 COLUMNS = [
     ("peer", "peer", ""),
     ("rounds", "rounds", ""),
@@ -46,6 +49,7 @@ def peer_settings(adapter: Path) -> dict[str, dict[str, Any]]:
     return {
         "app": {"fleet": {"lora": {"adapters": dict.fromkeys(NAMES, str(adapter)), "max_loaded": SLOTS}}},
         "vllm": {"extra": [*flags, "--lora-modules", *modules]},
+        "vllm-targets": {"extra": [*flags, "--lora-target-modules", *TARGET_MODULES, "--lora-modules", *modules]},
     }
 
 
@@ -70,12 +74,13 @@ def measure(rounds: int, prompts: int, concurrency: int) -> list[dict[str, Any]]
     settings = peer_settings(adapter_path())
     with tempfile.TemporaryDirectory(prefix="adapters-serving-") as tmp:
         for k in range(rounds):
-            for peer in PEERS if k % 2 == 0 else PEERS[::-1]:
+            for peer in PEERS[k % len(PEERS) :] + PEERS[: k % len(PEERS)]:  # each first in turn
                 workdir = Path(tmp) / f"{peer}-{k}"
                 workdir.mkdir()
                 print(f"[adapters] round {k}: {peer}", file=sys.stderr, flush=True)
                 try:
-                    with running(peer, folder, workdir, 900, **settings[peer]) as (url, _, _):
+                    launched = peer.split("-")[0]  # vllm-targets: vLLM's server with other flags
+                    with running(launched, folder, workdir, 900, **settings[peer]) as (url, _, _):
                         raw = bench_serve(client_argv(url, folder, prompts, concurrency), workdir / "r.json", 3600)
                     rows.append({"peer": peer, "round": k, **summarize(raw)})
                 except (RuntimeError, ClientFailed) as exc:

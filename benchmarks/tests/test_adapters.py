@@ -9,6 +9,7 @@ from pathlib import Path
 
 from benchmarks.adapters.routing import ADAPTERS, app_args, draws, summary
 from benchmarks.adapters.serving import NAMES, SLOTS, client_argv, peer_settings
+from serve_app.adapters import TARGET_MODULES
 from serve_app.config import AppConfig
 
 
@@ -19,6 +20,8 @@ def test_the_app_and_vllms_server_serve_the_same_adapters_and_the_client_names_t
     flags = settings["vllm"]["extra"]
     assert flags[flags.index("--max-loras") + 1] == str(SLOTS) and "--enable-lora" in flags
     assert flags[flags.index("--lora-modules") + 1 :] == [f"{name}=/models/adapter" for name in NAMES]
+    at = flags.index("--lora-modules")  # the stronger vLLM: LoRA on the adapter's modules alone, as the app's auto
+    assert settings["vllm-targets"]["extra"] == [*flags[:at], "--lora-target-modules", *TARGET_MODULES, *flags[at:]]
     argv = client_argv("http://x", Path("/m"), 48, 16)
     assert argv[argv.index("--lora-modules") + 1 : argv.index("--lora-modules") + 5] == list(NAMES)
 

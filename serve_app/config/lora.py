@@ -3,9 +3,10 @@ and the adapters a request may name in its ``model`` field, as ``vllm serve --lo
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -32,6 +33,23 @@ def adapter_folder(folder: str, prepare: bool = True) -> str:
     return str(adapters.prepare() if prepare else adapters.adapter_path())
 
 
+def adapter_config(folder: str | Path) -> dict[str, Any]:
+    """An adapter folder's ``adapter_config.json`` (peft's); ``OSError`` or ``ValueError`` where there is none."""
+    config = json.loads((Path(folder) / "adapter_config.json").read_text())
+    if not isinstance(config, dict):
+        raise ValueError("adapter_config.json is not a JSON object")
+    return config
+
+
+def adapter_modules(config: dict[str, Any]) -> set[str] | None:
+    """The model's modules an adapter changes (its ``target_modules``); None where that is not a list of names
+    (peft's pattern or ``all-linear``) or it also saves whole modules (``modules_to_save``): any module, then."""
+    targets = config.get("target_modules")
+    if not isinstance(targets, list) or config.get("modules_to_save"):
+        return None
+    return {str(name) for name in targets}
+
+
 class LoraSettings(Strict):
     """LoRA adapters of the base model, picked per request by name (``model``)."""
 
@@ -51,6 +69,14 @@ class LoraSettings(Strict):
         16, description="the largest adapter rank (vLLM's max_lora_rank, one of its sizes)"
     )
 
+    target_modules: Literal["auto", "all"] | Annotated[list[str], Field(min_length=1)] = Field(
+        "auto",
+        description="the model's modules an engine applies LoRA to (vLLM's lora_target_modules): `auto`, those "
+        "the named adapters target (each one's adapter_config.json); `all`, every module vLLM can (its default); "
+        "or module names (`q_proj`, `v_proj`, ...). Every other module's LoRA kernels would run on every step for "
+        "nothing (docs/fleet.md); an adapter loaded at run time must target these modules alone",
+    )
+
     @field_validator("adapters")
     @classmethod
     def _names_and_folders(cls, adapters: dict[str, str]) -> dict[str, str]:
@@ -65,11 +91,42 @@ class LoraSettings(Strict):
             out[name] = folder
         return out
 
+    def engine_modules(self) -> list[str] | None:
+        """The modules the engine applies LoRA to; None for every one vLLM can (the named adapters' folders are
+        read for `auto`, the bundled one trained first if it is not yet)."""
+        if self.target_modules == "all":
+            return None
+        if self.target_modules != "auto":
+            return list(self.target_modules)
+        found: set[str] = set()
+        for folder in self.adapters.values():
+            modules = adapter_modules(adapter_config(adapter_folder(folder)))
+            if modules is None:
+                return None
+            found |= modules
+        return sorted(found)
+
+    def check_adapter(self, config: dict[str, Any]) -> None:
+        """Raise ``ValueError`` for an adapter (its ``adapter_config.json``) that targets a module the engine
+        applies no LoRA to: vLLM would leave that module's weights out of its answers without a word."""
+        engine = self.engine_modules()
+        if engine is None:
+            return
+        modules = adapter_modules(config)
+        missing = "a pattern or whole modules" if modules is None else ", ".join(sorted(modules - set(engine)))
+        if missing:
+            raise ValueError(
+                f"the adapter targets {missing}; this app's engine applies LoRA to {', '.join(engine)} alone "
+                "(lora.target_modules): name its modules there, or set it to `all`"
+            )
+
     def engine_args(self) -> dict[str, Any]:
         """vLLM's ``AsyncEngineArgs`` for these adapters."""
+        modules = self.engine_modules()
         return {  # every slot, whatever is named now: adapters loaded at run time need theirs
             "enable_lora": True,
             "max_loras": self.max_loaded,
             "max_lora_rank": self.max_rank,
             "max_cpu_loras": max(self.max_loaded, len(self.adapters)),
+            **({"lora_target_modules": modules} if modules is not None else {}),
         }

@@ -6,7 +6,6 @@ request naming one, a replica started later included. Only an app with the ``lor
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import ray
 from pydantic import BaseModel, Field
 
 from ..config import AppConfig
-from ..config.lora import check_adapter_name
+from ..config.lora import adapter_config, check_adapter_name
 from ..errors import NotFoundError, RequestError
 
 NAMESPACE = "token_batching"
@@ -62,7 +61,7 @@ def registry(app: str) -> Any:
 
 def checked_folder(config: AppConfig, body: LoadAdapterRequest) -> str:
     """The folder of an adapter to load, or a :class:`RequestError` saying why it cannot be (no ``lora`` setting,
-    a name taken or bad, no adapter there, a rank above ``lora.max_rank``)."""
+    a name taken or bad, no adapter there, a rank above ``lora.max_rank``, a module the engine applies no LoRA to)."""
     if config.lora is None:
         raise RequestError("this app serves no LoRA adapters: set `lora` in its config to load them", "lora_name")
     name = body.lora_name
@@ -74,11 +73,16 @@ def checked_folder(config: AppConfig, body: LoadAdapterRequest) -> str:
         raise RequestError(f"The lora adapter '{name}' has already been loaded.", "lora_name")
     folder = Path(body.lora_path).expanduser().resolve()
     try:
-        rank = json.loads((folder / "adapter_config.json").read_text()).get("r")
+        adapter = adapter_config(folder)
     except (OSError, ValueError) as exc:
         raise RequestError(f"no LoRA adapter in {folder}: {exc}", "lora_path") from None
+    rank = adapter.get("r")
     if isinstance(rank, int) and rank > config.lora.max_rank:
         raise RequestError(f"the adapter's rank {rank} is above lora.max_rank ({config.lora.max_rank})", "lora_path")
+    try:
+        config.lora.check_adapter(adapter)
+    except ValueError as exc:
+        raise RequestError(str(exc), "lora_path") from None
     return str(folder)
 
 
