@@ -76,6 +76,8 @@ def test_the_engine_applies_lora_to_the_modules_the_adapters_target_alone(tmp_pa
     with pytest.raises(ValueError, match="targets a pattern or whole modules"):
         LoraSettings(adapters={"qv": qv}).check_adapter({"target_modules": ".*proj"})
     LoraSettings(adapters={"qv": qv}, target_modules="all").check_adapter(o)
+    with pytest.raises(ValidationError, match="adapter 'qv': the adapter targets v_proj"):  # a named one, at once
+        LoraSettings(adapters={"q": q, "qv": qv}, target_modules=["q_proj"])
 
 
 def test_the_vllm_engine_gets_each_adapter_as_a_lora_request_of_its_own(tmp_path):

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from .common import PROJECT, Strict
 
@@ -90,6 +90,19 @@ class LoraSettings(Strict):
                 folder = str(path)
             out[name] = folder
         return out
+
+    @model_validator(mode="after")
+    def _named_adapters_covered(self) -> LoraSettings:
+        """A module list that leaves out a module a named adapter targets would lose it without a word."""
+        if isinstance(self.target_modules, list):
+            for name, folder in self.adapters.items():
+                path = Path(adapter_folder(folder, prepare=False))
+                if (path / "adapter_config.json").is_file():  # the bundled one is checked once it is trained
+                    try:
+                        self.check_adapter(adapter_config(path))
+                    except ValueError as exc:
+                        raise ValueError(f"adapter {name!r}: {exc}") from None
+        return self
 
     def engine_modules(self) -> list[str] | None:
         """The modules the engine applies LoRA to; None for every one vLLM can (the named adapters' folders are
