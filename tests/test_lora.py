@@ -15,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from serve_app.config import AppConfig, LoraSettings
+from serve_app.config.lora import adapter_config
 from serve_app.core import Generator
 from serve_app.errors import ModelNotFoundError
 from serve_app.openai.common import SamplingFields
@@ -58,7 +59,7 @@ def test_lora_settings_name_each_bad_value(tmp_path):
 
 def test_the_engine_applies_lora_to_the_modules_the_adapters_target_alone(tmp_path):
     q, qv = adapter_folder(tmp_path / "q"), adapter_folder(tmp_path / "qv", modules=("v_proj", "q_proj"))
-    o = json.loads((Path(adapter_folder(tmp_path / "o", modules=("o_proj",))) / "adapter_config.json").read_text())
+    o = adapter_config(adapter_folder(tmp_path / "o", modules=("o_proj",)))
 
     def modules(**settings: Any) -> Any:
         return LoraSettings(**settings).engine_args().get("lora_target_modules")

@@ -97,7 +97,7 @@ class LoraSettings(Strict):
         if isinstance(self.target_modules, list):
             for name, folder in self.adapters.items():
                 path = Path(adapter_folder(folder, prepare=False))
-                if (path / "adapter_config.json").is_file():  # the bundled one is checked once it is trained
+                if (path / "adapter_config.json").is_file():  # the bundled one only once `make model` trained it
                     try:
                         self.check_adapter(adapter_config(path))
                     except ValueError as exc:
