@@ -189,3 +189,23 @@ def test_the_engine_starts_with_the_resolved_spin_count_and_reservation_in_its_e
     async_llm.start_async_llm("a-model", settings(), on_gpu=False)
     assert seen == {"spins": spins, "reserved": reserved}
     assert "GOMP_SPINCOUNT" not in os.environ and "VLLM_CPU_NUM_OF_RESERVED_CPU" not in os.environ
+
+
+@pytest.mark.parametrize(("gib", "nbytes"), [(2, 2 << 30), (0.25, 1 << 28)])
+def test_the_kv_cache_size_reaches_vllm_as_an_engine_argument(monkeypatch, gib, nbytes):
+    """A CPU host's KV cache is vLLM's ``kv_cache_memory_bytes``, not VLLM_CPU_KVCACHE_SPACE (whole GiB, and read
+    by every engine the process starts), so a fraction of a GiB holds; an engine argument of the same name wins."""
+    vllm = pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from serve_app.engines import async_llm
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    seen = []
+    monkeypatch.setattr(vllm, "AsyncEngineArgs", dict)  # no model to look up: only the arguments matter here
+    monkeypatch.setattr(AsyncLLM, "from_engine_args", lambda engine_args, **kwargs: seen.append(engine_args))
+    async_llm.start_async_llm("a-model", VLLMSettings(cpu_kvcache_space_gb=gib), on_gpu=False)
+    async_llm.start_async_llm("a-model", VLLMSettings(), False, {"kv_cache_memory_bytes": 12345})
+    async_llm.start_async_llm("a-model", VLLMSettings(), on_gpu=True)
+    assert [args.get("kv_cache_memory_bytes") for args in seen] == [nbytes, 12345, None]
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ

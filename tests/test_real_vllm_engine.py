@@ -137,7 +137,7 @@ def test_vllm_sampling_extensions_are_honoured(engine, loop):
 
 def test_kv_cache_size_sizes_an_auto_budget(engine):
     tokens = engine.kv_cache_tokens()
-    assert tokens is not None and tokens > 10_000  # VLLM_CPU_KVCACHE_SPACE's worth of blocks, in tokens
+    assert tokens is not None and tokens > 10_000  # cpu_kvcache_space_gb's worth of blocks, in tokens
 
 
 def test_auto_max_inflight_is_what_vllm_runs_at_once_as_vllm_serve_sizes_it(engine):

@@ -82,7 +82,7 @@ def shipped_vllm_args() -> tuple[list[str], dict[str, str]]:
     """vLLM server arguments and environment for the settings the shipped config gives the app's engine: its compute
     threads too (the cores it reserves), as a different split of a step's sums over threads changes the last bits,
     and greedy decoding then parts a few tokens later."""
-    from serve_app.engines.async_llm import reserved_cores
+    from serve_app.engines.async_llm import kv_cache_bytes, reserved_cores
     from serve_app.engines.cpu import cpu_dtype
 
     args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
@@ -91,7 +91,8 @@ def shipped_vllm_args() -> tuple[list[str], dict[str, str]]:
     argv += ["--chat-template", str(ROOT / settings["chat_template"])]
     argv += ["--enable-auto-tool-choice", "--tool-call-parser", settings["tool_call_parser"]]
     argv += ["--tool-strict-level", settings.get("tool_strict_level", "auto")]
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(settings["cpu_kvcache_space_gb"])}
+    argv += ["--kv-cache-memory-bytes", str(kv_cache_bytes(settings["cpu_kvcache_space_gb"]))]
+    env: dict[str, str] = {}
     reserved = reserved_cores(settings.get("cpu_reserved_cores", "auto"), len(os.sched_getaffinity(0)))
     if reserved is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(reserved)

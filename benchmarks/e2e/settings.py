@@ -36,13 +36,13 @@ def app_args() -> dict[str, Any]:
 
 def engine_settings() -> dict[str, Any]:
     """The engine arguments the app's vLLM engine gets from serve_config.yaml (CPU: no GPU here)."""
-    from serve_app.engines.async_llm import precision_args
+    from serve_app.engines.async_llm import kv_cache_bytes, precision_args
 
     vllm = app_args().get("vllm") or {}
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(vllm.get("cpu_kvcache_space_gb", 2)))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     settings = {
         "max_model_len": vllm.get("max_model_len", 2048),
+        "kv_cache_memory_bytes": kv_cache_bytes(vllm.get("cpu_kvcache_space_gb", 2)),
         **precision_args(vllm.get("dtype") or "auto", on_gpu=False),  # as the app resolves it on a CPU
         "enforce_eager": True if vllm.get("enforce_eager") is None else vllm["enforce_eager"],
     }

@@ -13,7 +13,8 @@ DTYPE = cpu_dtype()  # what the app computes in here (`vllm.dtype: auto`), so ev
 NO_HAPROXY = {"RAY_SERVE_ENABLE_HA_PROXY": "0"}  # over serve.env: Serve's Python proxy on the HTTP port
 PYTHON_PROXY = {**NO_HAPROXY, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}  # and no direct ingress: as before both
 ALL_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}  # vLLM's CPU build then keeps no core for its scheduler
-KV_CACHE = {"VLLM_CPU_KVCACHE_SPACE": "2"}  # GiB of KV cache for every vLLM engine on the CPU, the app's too
+KV_CACHE_GIB = 2  # GiB of KV cache for every vLLM engine on the CPU, the app's too (its `cpu_kvcache_space_gb`)
+KV_CACHE = {"VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)}  # what vLLM's own engines read
 
 
 def env() -> dict[str, str]:

@@ -5,6 +5,7 @@ the figures of their outcomes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import statistics
 import time
@@ -13,7 +14,7 @@ from typing import Any
 
 from harness.stats import percentile
 
-from ..lib.peers import MODEL_NAME
+from ..lib.peers import DTYPE, MODEL_NAME
 from .real_load import sse_chunks
 
 CONVERSATIONS = 32
@@ -36,6 +37,16 @@ def system_prompts(folder: Path, seed: int = 7) -> list[str]:
         ids = tokenizer(f"Rules of assistant {index}: {words}", add_special_tokens=False)["input_ids"]
         prompts.append(tokenizer.decode(ids[:SYSTEM_TOKENS]))
     return prompts
+
+
+def cache_size(folder: Path, gib: float) -> str:
+    """A KV cache of ``gib`` GiB for the model in ``folder``, in words: its GiB and about how many tokens it holds
+    (keys and values of every layer, in the peers' dtype)."""
+    config = json.loads((folder / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim
+    per_token *= 4 if DTYPE == "float32" else 2
+    return f"{gib:g} GiB (about {gib * (1 << 30) / per_token:,.0f} tokens)"
 
 
 async def turn(

@@ -61,7 +61,7 @@ from typing import Any
 from harness.procs import processes, replicas
 from serve_app.engines.procs import descendants
 
-from ..lib.peers import NO_HAPROXY
+from ..lib.peers import KV_CACHE_GIB, NO_HAPROXY
 from ..lib.report import RESULTS, page
 from ..serving.peers import running
 from . import prefix_load
@@ -140,19 +140,22 @@ def conversing(systems: list[str], load_s: float, sessions: bool = False) -> Cal
     return drive
 
 
-def measure_peer(name: str, folder: Path, workdir: Path, drive: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+def measure_peer(
+    name: str, folder: Path, workdir: Path, drive: Callable[[str], dict[str, Any]], kv_cache_gib: float
+) -> dict[str, Any]:
     kind, knobs = PEERS[name]
     threads = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "ENGINE_THREADS": "1", **PEER_ENV.get(name, {})}
     if kind == "app":
         fleet = {
             "autoscaling": {"min_replicas": REPLICAS, "max_replicas": REPLICAS},
-            "vllm": {"cpu_threads": 1},
+            "vllm": {"cpu_threads": 1, "cpu_kvcache_space_gb": kv_cache_gib},
             "embeddings_app": None,  # the generation app alone, as Ray Serve LLM's
         }
         merged = {key: {**fleet.get(key, {}), **value} for key, value in knobs.items()}  # a knob keeps its section
         started = running(kind, folder, workdir, 900, fleet={**fleet, **merged}, extra_env=threads)
     else:
-        extra = ["--replicas", str(REPLICAS), *(["--router", knobs["router"]] if knobs else [])]
+        extra = ["--replicas", str(REPLICAS), "--kv-cache-gib", str(kv_cache_gib)]
+        extra += ["--router", knobs["router"]] if knobs else []
         started = running(kind, folder, workdir, 900, extra, extra_env=threads)
     with started as (url, startup_s, ray_tmp):
         deadline = time.monotonic() + 600
@@ -228,7 +231,7 @@ PREFIX_COLUMNS = [
 ]
 
 
-def prefix_markdown(rows: list[dict[str, Any]], mode: str, minutes: float) -> str:
+def prefix_markdown(rows: list[dict[str, Any]], mode: str, minutes: float, cache: str) -> str:
     for ratio, peer in (("ttft_p50_x", "app-tokens-noprefix"), ("ttft_p50_serve_x", "app-serve")):
         base = next((r for r in rows if r["peer"] == peer and "ttft_p50_s" in r), None)
         for r in rows:
@@ -238,7 +241,8 @@ def prefix_markdown(rows: list[dict[str, Any]], mode: str, minutes: float) -> st
         f"one streamed chat conversation at a time of {prefix_load.TURNS} turns ({prefix_load.ANSWER_TOKENS} output "
         f"tokens each), every {prefix_load.SHARING} of them on one {prefix_load.SYSTEM_TOKENS}-token system prompt, "
         "each turn's prompt the conversation so far, through each peer's HTTP door. Each engine runs one thread, "
-        "pinned to its own core; vLLM's prefix cache is on in every peer. `later turns`: turns after a "
+        f"pinned to its own core, with a KV cache of {cache}; vLLM's prefix cache is on in every peer. "
+        "`later turns`: turns after a "
         "conversation's first. `python -m benchmarks.routing.real --workload prefixes`."
     )
     title = f"Prefix-aware routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
@@ -251,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="60 s of load a peer")
     parser.add_argument("--peers", nargs="+", choices=list(PEERS), help="default: every peer the workload compares")
     parser.add_argument("--workload", choices=[*WORKLOADS, PREFIXES], default=DEFAULT_WORKLOAD)
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=float,
+        default=KV_CACHE_GIB,
+        help=f"each engine's KV cache (default {KV_CACHE_GIB}); smaller: fewer prefixes fit on every replica",
+    )
     args = parser.parse_args(argv)
     from serve_app.models import prepare
 
@@ -269,15 +279,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
         for name in args.peers:
             try:
-                row = measure_peer(name, folder, Path(tmp), drives[name in SESSION_PEERS])
+                row = measure_peer(name, folder, Path(tmp), drives[name in SESSION_PEERS], args.kv_cache_gib)
             except Exception as exc:  # a peer that does not deploy is reported as such; the others still run
                 row = {"peer": name, "error": repr(exc)[:300]}
             print(json.dumps({k: v for k, v in row.items() if k != "requests"}, default=str), flush=True)
             rows.append(row)
-    suffix = ("" if args.workload == DEFAULT_WORKLOAD else f"-{args.workload}") + ("-quick" if args.quick else "")
+    suffix = "" if args.workload == DEFAULT_WORKLOAD else f"-{args.workload}"
+    suffix += "" if args.kv_cache_gib == KV_CACHE_GIB else f"-cache{args.kv_cache_gib:g}gib"
+    suffix += "-quick" if args.quick else ""
     minutes = (time.monotonic() - began) / 60
     text = (
-        prefix_markdown(rows, mode, minutes)
+        prefix_markdown(rows, mode, minutes, prefix_load.cache_size(folder, args.kv_cache_gib))
         if args.workload == PREFIXES
         else markdown(rows, mode, args.workload, events, minutes)
     )

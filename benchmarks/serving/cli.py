@@ -49,6 +49,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..lib.peers import KV_CACHE_GIB
 from .client import BACKENDS
 from .peers import PEERS, serve_ray_llm
 from .rounds import OVERLOAD_FACTOR, SLO_TTFT_MS, measure
@@ -90,9 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)  # Ray Serve LLM's
     parser.add_argument("--router", help=argparse.SUPPRESS)  # Ray Serve LLM's request router class
+    parser.add_argument("--kv-cache-gib", type=float, default=KV_CACHE_GIB, help=argparse.SUPPRESS)  # its engines'
     args = parser.parse_args(argv)
     if args.ray_serve_llm:
-        serve_ray_llm(args.ray_serve_llm, args.model_dir, args.replicas, args.router)
+        serve_ray_llm(args.ray_serve_llm, args.model_dir, args.replicas, args.router, args.kv_cache_gib)
         return 0
     print(
         f"TTFT objective for goodput: {args.slo_ttft_ms / 1000:g} s; overload at {OVERLOAD_FACTOR:g}x vllm's burst "

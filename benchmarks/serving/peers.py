@@ -17,8 +17,9 @@ from typing import Any
 from harness.environment import BIN, ROOT, http_status, serve_env, tail
 from harness.launcher import KEEP, Server, healthy, merged, serve_run, start, vllm_server
 from harness.ports import free_port
+from serve_app.engines.async_llm import kv_cache_bytes
 
-from ..lib.peers import ALL_CORES, DTYPE, KV_CACHE, MODEL_NAME, PYTHON_PROXY, env, serve_until_interrupted
+from ..lib.peers import ALL_CORES, DTYPE, KV_CACHE_GIB, MODEL_NAME, PYTHON_PROXY, env, serve_until_interrupted
 
 MAX_MODEL_LEN = 2048
 PEERS = (
@@ -57,7 +58,11 @@ def app_overrides(peer: str, batcher: dict[str, Any] | None, fleet: dict[str, An
         embeddings = fleet.pop("embeddings_app")
     if peer == "app-slo":
         batcher = {"max_inflight": SLO_INFLIGHT, "max_queue_wait_s": SLO_QUEUE_WAIT_S, **(batcher or {})}
-    one = {"autoscaling": {"min_replicas": 1, "max_replicas": 1}, "vllm": {"dtype": DTYPE}, "batcher": batcher or {}}
+    one = {
+        "autoscaling": {"min_replicas": 1, "max_replicas": 1},
+        "vllm": {"dtype": DTYPE, "cpu_kvcache_space_gb": KV_CACHE_GIB},
+        "batcher": batcher or {},
+    }
     llm = merged(one, fleet)
     llm["vllm"] = {**llm["vllm"], **APP_VLLM.get(peer, {})}  # the app with some of its engine's settings changed
     return llm, embeddings
@@ -94,7 +99,7 @@ def start_peer(
     command). ``extra_env`` goes over the peer's environment."""
     if peer.startswith("app"):
         proxy = PYTHON_PROXY if peer == "app-python-proxy" else {}  # the same app, Serve's Python proxy at its door
-        return serve_run(workdir, *app_overrides(peer, batcher, fleet), env={**KV_CACHE, **proxy, **(extra_env or {})})
+        return serve_run(workdir, *app_overrides(peer, batcher, fleet), env={**proxy, **(extra_env or {})})
     port = free_port()
     peer_env = {**env(), **(ALL_CORES if peer == "vllm-all-cores" else {})}
     if not peer.startswith("vllm"):
@@ -143,9 +148,12 @@ def run_driver(ray_tmp: str, argv: list[str], timeout_s: float = 3600) -> dict[s
     return json.loads(done.stdout[summary.start() :])
 
 
-def serve_ray_llm(port: int, folder: str, replicas: int = 1, router: str | None = None) -> None:
+def serve_ray_llm(
+    port: int, folder: str, replicas: int = 1, router: str | None = None, kv_cache_gib: float = KV_CACHE_GIB
+) -> None:
     """Ray Serve LLM's OpenAI app on CPU, in this process's own Ray cluster, until SIGINT (``replicas`` engines;
-    ``router``: a request router class's import path, else Serve's default)."""
+    ``router``: a request router class's import path, else Serve's default; ``kv_cache_gib``: each engine's KV
+    cache)."""
     import ray
     from ray import serve
     from ray.serve.llm import LLMConfig, build_openai_app
@@ -153,12 +161,18 @@ def serve_ray_llm(port: int, folder: str, replicas: int = 1, router: str | None 
     config = LLMConfig(
         model_loading_config={"model_id": MODEL_NAME, "model_source": folder},
         accelerator_config={"kind": "cpu"},
-        engine_kwargs={"dtype": DTYPE, "max_model_len": MAX_MODEL_LEN, "enforce_eager": True},
+        engine_kwargs={
+            "dtype": DTYPE,
+            "max_model_len": MAX_MODEL_LEN,
+            "enforce_eager": True,
+            "kv_cache_memory_bytes": kv_cache_bytes(kv_cache_gib),
+        },
         deployment_config={
             "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas},
             **({"request_router_config": {"request_router_class": router}} if router else {}),
         },
-        runtime_env={"env_vars": {**KV_CACHE, "HF_HUB_OFFLINE": "1", **threads_env()}},
+        # VLLM_CPU_KVCACHE_SPACE empty: vLLM then keeps kv_cache_memory_bytes, where the variable would win
+        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "", "HF_HUB_OFFLINE": "1", **threads_env()}},
     )
     # Its ingress and LLM replicas each want logical CPUs; they are only bookkeeping on this 2-core machine.
     ray.init(address="local", num_cpus=8, include_dashboard=False)

@@ -14,6 +14,7 @@ def test_bare_vllm_peers_compute_as_the_app_does():
     assert precision_args("auto", on_gpu=True) == {"dtype": "auto"}  # the model's own dtype, vLLM's own kernels
     assert precision_args("float32", on_gpu=False) == {"dtype": "float32"}
     assert precision_args("bfloat16", on_gpu=False)["compilation_config"] == {"custom_ops": ["-rotary_embedding"]}
-    with mock.patch.dict(os.environ):  # engine_settings() sets the KV cache size for its engine: not for later tests
+    with mock.patch.dict(os.environ):  # engine_settings() sets HF_HUB_OFFLINE: not for later tests
         offline = engine_settings()
     assert {k: offline[k] for k in precision_args("auto", on_gpu=False)} == precision_args("auto", on_gpu=False)
+    assert offline["kv_cache_memory_bytes"] == 2 << 30  # serve_config.yaml's cpu_kvcache_space_gb, as the app sets it

@@ -98,3 +98,13 @@ def test_with_sessions_each_conversation_names_itself_in_the_session_header():
     assert None not in sessions and len(sessions) > prefix_load.CONVERSATIONS  # a new id for each new conversation
     assert all(len(firsts) == 1 for firsts in sessions.values())  # one conversation's turns, and only its
     assert max(o["turn"] for o in outcomes) == prefix_load.TURNS - 1
+
+
+def test_a_cache_size_is_told_in_the_tokens_it_holds(tmp_path, monkeypatch):
+    """Keys and values of every layer and key-value head, two bytes each in bfloat16 and four in float32."""
+    config = {"num_hidden_layers": 30, "num_key_value_heads": 3, "hidden_size": 576, "num_attention_heads": 9}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(prefix_load, "DTYPE", "bfloat16")
+    assert prefix_load.cache_size(tmp_path, 0.25) == "0.25 GiB (about 11,651 tokens)"  # 2**28 / 23,040 bytes
+    monkeypatch.setattr(prefix_load, "DTYPE", "float32")
+    assert prefix_load.cache_size(tmp_path, 2) == "2 GiB (about 46,603 tokens)"

@@ -64,7 +64,12 @@ class PoolingSettings(VLLMSettings):
         "Rapids on, 1.9x the texts/s; AVX512-BF16: AMD from Zen 4 on, 1.4x; vectors at cosine >= 0.9998 to "
         "float32's), float32 elsewhere; on a GPU vLLM's own (float16 for a float32 model)",
     )
-    cpu_kvcache_space_gb: int = Field(1, ge=1, description="CPU-only hosts: VLLM_CPU_KVCACHE_SPACE")
+    cpu_kvcache_space_gb: float = Field(
+        1,
+        gt=0,
+        description="CPU-only hosts: the KV cache's memory in GiB (vLLM's kv_cache_memory_bytes); "
+        "VLLM_CPU_KVCACHE_SPACE, where set in the environment, wins",
+    )
     cpu_replica_niceness: int = Field(
         0,
         ge=0,

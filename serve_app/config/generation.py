@@ -34,7 +34,12 @@ class VLLMSettings(Strict):
     )
     enforce_eager: bool | None = Field(None, description="default: true on a CPU, false (CUDA graphs) on a GPU")
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="GPU: the share of memory vLLM takes")
-    cpu_kvcache_space_gb: int = Field(2, ge=1, description="CPU-only hosts: VLLM_CPU_KVCACHE_SPACE")
+    cpu_kvcache_space_gb: float = Field(
+        2,
+        gt=0,
+        description="CPU-only hosts: the KV cache's memory in GiB (vLLM's kv_cache_memory_bytes); "
+        "VLLM_CPU_KVCACHE_SPACE, where set in the environment, wins",
+    )
     cpu_threads: Literal["auto"] | int = Field(
         "auto",
         description="CPU-only hosts, with VLLM_CPU_OMP_THREADS_BIND=nobind only: the engine's compute threads "

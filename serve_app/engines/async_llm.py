@@ -106,6 +106,11 @@ def spin_count(setting: str | int | None, reserved: int | None) -> int | None:
     return None if setting is None else int(setting)
 
 
+def kv_cache_bytes(gib: float) -> int:
+    """vLLM's ``kv_cache_memory_bytes`` for a KV cache of ``gib`` GiB (a CPU host's ``cpu_kvcache_space_gb``)."""
+    return int(gib * (1 << 30))
+
+
 def start_async_llm(
     model: str,
     settings: VLLMSettings,
@@ -121,10 +126,6 @@ def start_async_llm(
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     start_env = dict(start_env or {})
     if not on_gpu:
-        # Scoped, so a second engine in this process (a pooling and a generation one) gets its own; set in the
-        # environment, it wins.
-        kv_space = os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(settings.cpu_kvcache_space_gb))
-        start_env.setdefault("VLLM_CPU_KVCACHE_SPACE", kv_space)
         cores = len(os.sched_getaffinity(0))  # the cores this process (and so its engine) may run on
         reserved = reserved_cores(settings.cpu_reserved_cores, cores)
         if "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:  # set where the engine starts: it wins
@@ -160,6 +161,8 @@ def start_async_llm(
         args["max_model_len"] = settings.max_model_len
     if on_gpu:
         args["gpu_memory_utilization"] = settings.gpu_memory_utilization
+    else:  # VLLM_CPU_KVCACHE_SPACE (whole GiB), where set in the environment, wins: vLLM applies it over this
+        args["kv_cache_memory_bytes"] = kv_cache_bytes(settings.cpu_kvcache_space_gb)
     if settings.max_num_seqs is not None:
         args["max_num_seqs"] = settings.max_num_seqs
     steps = step_tokens(settings.max_num_batched_tokens, settings.max_num_seqs, on_gpu)
