@@ -134,6 +134,14 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             takes no more until it has left and the record takes its place, while the others go on. Records of
             no group are not counted. Default: no groups.
         max_groups: see ``group_fn``; None (default): no limit.
+        prefix_fn: ``(record) -> keys``, the keys of its prompt's leading blocks, each naming its block and
+            every block before it (as vLLM's prefix cache keys its KV blocks), each block costing ``block_cost``
+            of its cost. A block that a record in flight holds already costs nothing more: records sharing a
+            prompt's start (a system prompt, a conversation's history) are charged for it once while any of them
+            runs, as the engine holds it once, and it leaves the cost in flight with the last of them. The summed
+            budget only: the peak estimate, the share cap of lower priorities and fair share count every record
+            whole. Default: none shared.
+        block_cost: what one of ``prefix_fn``'s blocks costs (an LLM: its KV cache's block size in tokens).
         coalesce_fn: ``(earlier, later) -> output`` or None: joins a record's outputs that wait in its
             :class:`RecordStream` for a consumer that fell behind into one (None: those two stay apart, say the
             last). An engine's token deltas: the reader takes what came while it was busy in one piece, as
@@ -168,11 +176,18 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         tenant_fn: Callable[[RecordT], Hashable | None] | None = None,
         group_fn: Callable[[RecordT], Hashable | None] | None = None,
         max_groups: int | None = None,
+        prefix_fn: Callable[[RecordT], Sequence[Hashable]] | None = None,
+        block_cost: int = 1,
         coalesce_fn: Callable[[ResultT, ResultT], ResultT | None] | None = None,
         default_cost: int = 1,
         latency_samples: int = 10_000,
     ) -> None:
-        functions = (("priority_fn", priority_fn), ("tenant_fn", tenant_fn), ("group_fn", group_fn))
+        functions = (
+            ("priority_fn", priority_fn),
+            ("tenant_fn", tenant_fn),
+            ("group_fn", group_fn),
+            ("prefix_fn", prefix_fn),
+        )
         for name, fn in (*functions, ("coalesce_fn", coalesce_fn)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be callable or None, got {fn!r}")
@@ -181,6 +196,9 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         self._group_fn = group_fn
         self._max_groups = None if max_groups is None else positive_int("max_groups", max_groups)
         self._groups = {}
+        self._prefix_fn = prefix_fn
+        self._block_cost = positive_int("block_cost", block_cost)
+        self._held = {}
         self._coalesce_fn = coalesce_fn
         self._aging = None if aging_s is None else _number("aging_s", aging_s, 0.0, open_low=True)
         self._share = _number("low_priority_share", low_priority_share, 0.0, 1.0, open_low=True)
@@ -235,7 +253,7 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
 
     @property
     def inflight_cost(self) -> int:
-        """The summed cost of the records in flight now."""
+        """The summed cost of the records in flight now (a prefix block they share counted once: ``prefix_fn``)."""
         return self._inflight_cost
 
     @property

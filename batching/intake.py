@@ -27,6 +27,7 @@ class RecordIntake(RecordScheduler):
     _priority_fn: Callable[[Any], Any] | None
     _tenant_fn: Callable[[Any], Any] | None
     _group_fn: Callable[[Any], Any] | None
+    _prefix_fn: Callable[[Any], Any] | None
     _fair: bool
     _aging: float | None
     _max_queue_wait: float | None
@@ -65,6 +66,17 @@ class RecordIntake(RecordScheduler):
             raise TypeError(f"{source} must be an int (lower runs first), got {type(priority).__name__} {priority!r}")
         return int(priority)  # an IntEnum, a NumPy integer: a plain int
 
+    def _blocks_of(self, record: Any) -> tuple[Hashable, ...]:
+        """``prefix_fn(record)`` as a tuple of hashable keys (none without a ``prefix_fn``)."""
+        if self._prefix_fn is None:
+            return ()
+        blocks = tuple(self._prefix_fn(record))
+        try:
+            hash(blocks)
+        except TypeError:
+            raise TypeError(f"prefix_fn must return hashable keys, got {blocks[:3]!r}...") from None
+        return blocks
+
     def _tenant_of(self, record: Any) -> Hashable:
         """``tenant_fn(record)``, else ``record.tenant``, else None (one shared tenant): what fair share shares
         between, and what ``stats`` counts tokens by."""
@@ -82,7 +94,9 @@ class RecordIntake(RecordScheduler):
         cost = self._cost_of(record, explicit)
         growth = self._growth_of(record, cost)
         group = self._group_fn(record) if self._group_fn is not None else None
-        ticket = Ticket(record, cost, growth, sink, 0.0, self._priority_of(record), self._tenant_of(record), group)
+        blocks = self._blocks_of(record)
+        priority, tenant = self._priority_of(record), self._tenant_of(record)
+        ticket = Ticket(record, cost, growth, sink, 0.0, priority, tenant, group, blocks)
         if sink is None:
             ticket.sink = RecordStream(lambda: self._withdraw(ticket, None), self._coalesce_fn)
         else:

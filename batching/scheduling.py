@@ -49,6 +49,8 @@ class RecordScheduler(BaseBatcher):
     _running: set[Ticket]
     _max_groups: int | None  # most distinct groups in flight at once
     _groups: dict[Any, int]  # records in flight by group (None: none)
+    _block_cost: int  # what one of a record's prefix blocks costs
+    _held: dict[Any, int]  # prefix blocks held by records in flight: how many of them hold each
     _inflight_cost: int
     _drained: asyncio.Future | None  # set by stop(): resolved once nothing is queued or running
     _halted: bool  # stop() timed out: nothing more is admitted
@@ -91,7 +93,17 @@ class RecordScheduler(BaseBatcher):
             return False
         if self._peak:
             return peak_cost([t.held() for t in self._running] + [ticket.held()]) <= self._budget
-        return self._inflight_cost + ticket.cost <= self._budget
+        return self._inflight_cost + ticket.cost - self._shared(ticket) <= self._budget
+
+    def _shared(self, ticket: Ticket) -> int:
+        """The cost of ``ticket``'s leading prefix blocks that records in flight hold (besides itself, once it
+        has released them): what it adds to, or leaves in, the cost in flight less than its own cost."""
+        held, count = self._held, 0
+        for key in ticket.blocks:
+            if key not in held:
+                break
+            count += 1
+        return min(ticket.cost, count * self._block_cost)
 
     def _group_fits(self, ticket: Ticket) -> bool:
         """Whether ``ticket``'s group may run now: it has none, its group is in flight already, or fewer than
@@ -192,7 +204,10 @@ class RecordScheduler(BaseBatcher):
         self._running.add(ticket)
         if ticket.group is not None:
             self._groups[ticket.group] = self._groups.get(ticket.group, 0) + 1
-        self._inflight_cost += ticket.cost
+        self._inflight_cost += ticket.cost - self._shared(ticket)
+        held = self._held
+        for key in ticket.blocks:
+            held[key] = held.get(key, 0) + 1
         occupancy = self._inflight_cost / self._budget
         self._stats.admit(ticket.cost, now - ticket.enqueued_at, occupancy, len(self._running), ticket.tenant)
         ticket.task = self._loop.create_task(self._run(ticket))
@@ -210,7 +225,14 @@ class RecordScheduler(BaseBatcher):
                 self._groups[group] = left
             else:
                 del self._groups[group]
-        self._inflight_cost -= ticket.cost
+        held = self._held
+        for key in ticket.blocks:
+            left = held[key] - 1
+            if left:
+                held[key] = left
+            else:
+                del held[key]
+        self._inflight_cost -= ticket.cost - self._shared(ticket)  # what others still hold stays counted
         now = self._clock()
         self._queue.release(ticket, now)
         self._drain_rate.note(now, 1, ticket.cost)

@@ -37,6 +37,7 @@ class Ticket:
     go."""
 
     __slots__ = (
+        "blocks",
         "cost",
         "enqueued_at",
         "first_output",
@@ -64,6 +65,7 @@ class Ticket:
         priority: int = 0,
         tenant: Hashable = None,
         group: Hashable = None,
+        blocks: tuple[Hashable, ...] = (),
     ) -> None:
         self.record = record
         self.cost = cost
@@ -73,6 +75,7 @@ class Ticket:
         self.priority = priority  # lower runs first (vLLM's meaning)
         self.tenant = tenant  # whom fair share charges (None: the shared tenant)
         self.group = group  # what at most max_groups of run at once (a LoRA adapter; None: no group)
+        self.blocks = blocks  # its prompt's leading blocks' keys, each costing block_cost (see prefix_fn)
         self.seq = 0  # arrival order, set when queued
         self.state = QUEUED
         self.task: asyncio.Task | None = None

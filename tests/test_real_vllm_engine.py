@@ -135,6 +135,30 @@ def test_vllm_sampling_extensions_are_honoured(engine, loop):
     assert all(r.error is None for r in results)
 
 
+def test_requests_sharing_a_prompt_are_charged_for_its_blocks_once(core, engine, loop):
+    """vLLM's prefix cache (on by default) holds the blocks of a prompt that requests in flight share once: the
+    core's batcher counts them once too, and the answers are the engine's as ever."""
+    size = engine.prefix_block_size()
+    prompt = "Rules of the house: " + "answer briefly, politely and in English. " * 40
+    first, second = (request(engine, prompt, request_id=f"shared-{i}", max_tokens=16, ignore_eos=True) for i in (1, 2))
+    blocks = first.prefix_blocks(size)
+    assert blocks == second.prefix_blocks(size) and len(blocks) * size > 200
+
+    from serve_app.engines import GenerationResult
+
+    async def answer() -> tuple[list[int], list]:
+        costs, results = [], []
+        async for _, output in core.run([first, second]):
+            costs.append(core.batcher.inflight_cost)
+            if isinstance(output, GenerationResult):
+                results.append(output)
+        return costs, results
+
+    costs, results = loop.run_until_complete(answer())
+    assert costs[0] == 2 * first.estimate_tokens() - len(blocks) * size  # both in flight, the prompt once
+    assert [r.error for r in results] == [None, None] and results[0].text == results[1].text
+
+
 def test_kv_cache_size_sizes_an_auto_budget(engine):
     tokens = engine.kv_cache_tokens()
     assert tokens is not None and tokens > 10_000  # cpu_kvcache_space_gb's worth of blocks, in tokens

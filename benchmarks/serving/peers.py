@@ -104,6 +104,7 @@ def start_peer(
     peer_env = {**env(), **(ALL_CORES if peer == "vllm-all-cores" else {})}
     if not peer.startswith("vllm"):
         peer_env.update(serve_env())
+        peer_env.pop("VLLM_CPU_KVCACHE_SPACE")  # Ray Serve LLM: an engine argument, which the variable would beat
     argv = [*peer_command(peer, folder, port), *(extra or [])]
     return start(argv, port, workdir / f"{peer}.log", {**peer_env, **(extra_env or {})})
 
@@ -171,8 +172,7 @@ def serve_ray_llm(
             "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas},
             **({"request_router_config": {"request_router_class": router}} if router else {}),
         },
-        # VLLM_CPU_KVCACHE_SPACE empty: vLLM then keeps kv_cache_memory_bytes, where the variable would win
-        runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "", "HF_HUB_OFFLINE": "1", **threads_env()}},
+        runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", **threads_env()}},
     )
     # Its ingress and LLM replicas each want logical CPUs; they are only bookkeeping on this 2-core machine.
     ray.init(address="local", num_cpus=8, include_dashboard=False)

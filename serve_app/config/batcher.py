@@ -43,6 +43,13 @@ class ContinuousSettings(QueueSettings):
         description="token budget in flight (prompt + max_tokens of each request); `auto`: the engine's KV "
         "cache size, read once it is up",
     )
+    shared_prefixes: bool = Field(
+        True,
+        description="a prompt's leading KV-cache blocks that requests in flight hold already count once against "
+        "`max_inflight_tokens`, as vLLM's prefix cache holds them once, so requests that share a system prompt or "
+        "a conversation's history are not held back for tokens the engine does not spend; false: each request "
+        "whole. Generation on an engine with a prefix cache only",
+    )
     max_inflight: AutoOrPositive = Field(
         "auto",
         description="most requests inside the engine at once; `auto`: as many as it runs at once (vLLM's "

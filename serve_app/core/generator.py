@@ -88,8 +88,12 @@ class Generator(Core[AppConfig, BatcherSettings]):
         )
         self.budget = kwargs["max_inflight_cost"]
         lora = self.config.lora  # an engine runs at most max_loaded adapters at once: the rest wait in our queue
-        groups = {"group_fn": adapter_of, "max_groups": lora.max_loaded} if lora is not None else {}
-        return ContinuousBatcher(self._process_one, progress_fn=progress, coalesce_fn=coalesce, **groups, **kwargs)
+        if lora is not None:
+            kwargs.update(group_fn=adapter_of, max_groups=lora.max_loaded)
+        size = engine.prefix_block_size() if settings.shared_prefixes else None
+        if size:  # a shared prompt's blocks count once, as the engine's prefix cache holds them once
+            kwargs.update(prefix_fn=lambda request: request.prefix_blocks(size), block_cost=size)
+        return ContinuousBatcher(self._process_one, progress_fn=progress, coalesce_fn=coalesce, **kwargs)
 
     async def _process_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """Batch mode: one batch into the engine."""

@@ -104,6 +104,15 @@ class GenerationRequest:
         """Tokens it may add while it runs (the continuous batcher's peak estimate)."""
         return self.sampling.max_tokens
 
+    def prefix_blocks(self, size: int) -> list[int]:
+        """The keys of its prompt's full blocks of ``size`` tokens, each a hash of the block and the key before
+        it, under its adapter (as vLLM's prefix cache keys KV blocks): the continuous batcher's ``prefix_fn``."""
+        ids, key, keys = self.prompt_token_ids, hash(self.sampling.adapter), []
+        for start in range(0, len(ids) - size + 1, size):
+            key = hash((key, *ids[start : start + size]))
+            keys.append(key)
+        return keys
+
 
 class Engine(abc.ABC):
     """An inference engine behind the batcher; nothing here blocks the event loop.
@@ -209,6 +218,11 @@ class Engine(abc.ABC):
 
     def kv_cache_tokens(self) -> int | None:
         """How many tokens the engine's KV cache holds (sizes an ``auto`` in-flight budget); None: unknown."""
+        return None
+
+    def prefix_block_size(self) -> int | None:
+        """The block size of the engine's prefix cache, in tokens: requests in flight that share a prompt's leading
+        blocks hold them once. None: no prefix cache (each request holds its own)."""
         return None
 
     def max_running(self) -> int | None:

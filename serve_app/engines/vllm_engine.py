@@ -152,6 +152,11 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         """Tokens the KV cache holds: vLLM's block count (known once its engine is up) x block size."""
         return llm_kv_cache_tokens(self._llm)
 
+    def prefix_block_size(self) -> int | None:
+        """vLLM's KV block size where its prefix cache is on (its default), else None."""
+        cache = self._llm.vllm_config.cache_config
+        return cache.block_size if cache.enable_prefix_caching else None
+
     def max_running(self) -> int | None:
         """vLLM's scheduler cap on running requests (``max_num_seqs``)."""
         return llm_max_running(self._llm)
