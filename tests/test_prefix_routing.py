@@ -63,10 +63,12 @@ async def test_cached_prompt_tokens_take_prefix_weight_tokens_off_a_replica_up_t
     def first() -> FakeReplica:
         return router.rank([busy, idle], held, 1_010, cached)[0]
 
-    router = await router_with(busy, idle, tie_fraction=0)
+    router = await router_with(busy, idle, tie_fraction=0, prefix_weight=1)
     assert first() is idle  # 3,000 + 1,010 - 900 > 2,000 + 1,010: a weight of 1 does not cover the difference
     router = await router_with(busy, idle, tie_fraction=0, prefix_weight=2)
     assert first() is busy  # 3,000 + 1,010 - 1,800 < 3,010
+    router = await router_with(busy, idle, tie_fraction=0)
+    assert first() is busy  # the default weight, 4: 3,600 off, within the default bound (the whole budget)
     router = await router_with(busy, idle, tie_fraction=0, prefix_weight=2, prefix_max_share=0.05)
     assert first() is idle  # the guard: the score takes at most 500 tokens off (5% of the budget)
     router = await router_with(busy, idle, tie_fraction=0, prefix_weight=0)

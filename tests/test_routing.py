@@ -458,7 +458,7 @@ def test_the_app_config_selects_the_router_and_serve_can_load_it():
         "stale_after_s": 3.0,
         "default_max_tokens": 128,
         "prefix_weight": 2.0,
-        "prefix_max_share": 0.25,
+        "prefix_max_share": 1.0,
         "adapter_weight": 500.0,
         "base_model": "SmolLM2-135M-Instruct",
         "session_affinity": True,

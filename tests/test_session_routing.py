@@ -38,9 +38,10 @@ def in_session(session: str, *args: Any, **kwargs: Any) -> PendingRequest:
 
 async def went(sessions: list[str], **settings: Any) -> list[str]:
     """Where requests of 1,000 tokens each, of ``sessions`` in turn, go on replicas ``a`` (holding 0 tokens) and
-    ``b`` (400); none completes, so each adds its tokens where it went. No prefix score: every prompt is the same."""
+    ``b`` (400); none completes, so each adds its tokens where it went. No prefix score: every prompt is the same;
+    the guard a quarter of a budget."""
     a, b = FakeReplica("a", 0), FakeReplica("b", 400)
-    router = await router_with(a, b, settle_s=0.0, tie_fraction=0, prefix_weight=0, **settings)
+    router = await router_with(a, b, settle_s=0.0, tie_fraction=0, prefix_weight=0, prefix_max_share=0.25, **settings)
     out = []
     for session in sessions:
         pending = in_session(session, "generate", PROMPT, max_tokens=100)
@@ -111,7 +112,7 @@ async def test_the_session_and_prefix_credits_share_one_bound():
     """A replica that holds the session and the request's whole prompt in its cache is credited 2,500 tokens (the
     bound), not twice that: holding 2,600 more than the other, it loses; holding 2,400 more, it wins."""
     busy, idle = FakeReplica("busy"), FakeReplica("idle")
-    router = await router_with(busy, idle, tie_fraction=0, prefix_weight=10)
+    router = await router_with(busy, idle, tie_fraction=0, prefix_weight=10, prefix_max_share=0.25)
     cached = {busy.replica_id: 1_000.0}  # x 10: 10,000 tokens of prefix score, bounded to 2,500
 
     def first(busy_holds: float, session: Any) -> str:

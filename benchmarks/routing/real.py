@@ -7,7 +7,7 @@ of its own):
 
   app-tokens            serve_config.yaml's app, 2 replicas, ``routing.router: tokens`` (its default)
   app-tokens-noprefix   the same without the token router's prefix score (``routing.prefix_weight: 0``)
-  app-tokens-prefix4    the same with a stronger prefix score (``routing.prefix_weight: 4``)
+  app-tokens-guarded    the prefix score as it was until 2026-11-30: ``prefix_weight: 1``, ``prefix_max_share: 0.25``
   app-tokens-sessions   app-tokens, each conversation's turns sent with an ``x-session-id`` of its own (the token
                         router's session affinity; the prefix workload only)
   app-serve             the same app with ``routing.router: serve``: Serve's router as shipped (with serve.env's
@@ -72,7 +72,7 @@ REPLICAS = 2
 PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "app-tokens": ("app", {"routing": {"router": "tokens"}}),
     "app-tokens-noprefix": ("app", {"routing": {"router": "tokens", "prefix_weight": 0}}),
-    "app-tokens-prefix4": ("app", {"routing": {"router": "tokens", "prefix_weight": 4}}),
+    "app-tokens-guarded": ("app", {"routing": {"router": "tokens", "prefix_weight": 1, "prefix_max_share": 0.25}}),
     "app-tokens-sessions": ("app", {"routing": {"router": "tokens"}}),  # its client sends x-session-id
     "app-serve": ("app", {"routing": {"router": "serve"}}),
     "app-tokens-nice19": ("app", {"routing": {"router": "tokens"}, "vllm": {"cpu_replica_niceness": 19}}),
@@ -90,7 +90,7 @@ DEFAULT_WORKLOAD = "chats"  # its page is routing_real.md; another workload's is
 PREFIXES = "prefixes"  # the closed-loop conversations of prefix_load, not a schedule of WORKLOADS
 SESSION_PEERS = ("app-tokens-sessions",)
 """Peers whose client names each conversation in Serve's session header."""
-PREFIX_VARIANTS = ("app-tokens-noprefix", "app-tokens-prefix4", *SESSION_PEERS)
+PREFIX_VARIANTS = ("app-tokens-noprefix", "app-tokens-guarded", *SESSION_PEERS)
 """Variants of the token router's prefix score and session affinity: they run on the prefix workload alone."""
 PREFIX_PEERS = ["app-tokens", *PREFIX_VARIANTS, "app-serve", "ray-serve-llm-prefix"]
 
@@ -164,6 +164,10 @@ def measure_peer(
                 raise RuntimeError(f"{name}: {engines_started(ray_tmp)} of {REPLICAS} replicas started")
             time.sleep(2)
         pinned = pin_engines(ray_tmp)
+        deadline = time.monotonic() + 60  # one read of the process table has missed an engine: look again
+        while len(pinned) != REPLICAS and time.monotonic() < deadline:
+            time.sleep(2)
+            pinned = pin_engines(ray_tmp)
         if len(pinned) != REPLICAS:
             raise RuntimeError(f"{name}: {len(pinned)} engines found to pin, not {REPLICAS}")
         warm = [{"at": 0.0, "kind": "chat", "prompt": "warm up " * 8, "max_tokens": 8} for _ in range(8)]

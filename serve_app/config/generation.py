@@ -193,16 +193,17 @@ class RoutingSettings(Strict):
         "holds itself. It sees no request end, and Serve's relay of the replicas' reports is 1-2 s late",
     )
     prefix_weight: float = Field(
-        1.0,
+        4.0,
         ge=0,
         description="`tokens`: the prefix score. A prompt token that a replica most likely holds in its prefix cache "
-        "(this router sent it the same prefix before) takes this many tokens off that replica's load; 0: none",
+        "(this router sent it the same prefix before) takes this many tokens off that replica's load (a miss costs "
+        "its prefill, and where the caches are full it evicts another prompt); 0: none",
     )
     prefix_max_share: float = Field(
-        0.25,
+        1.0,
         ge=0,
         description="`tokens`: the most the prefix score takes off a replica's load, as a share of its token budget "
-        "(so a shared prefix never piles more than that onto one replica)",
+        "(so a shared prefix never piles more than that onto one replica; docs/fleet.md: how both were chosen)",
     )
     adapter_weight: float = Field(
         8_000.0,
