@@ -97,3 +97,17 @@ def test_vllms_extensions_this_server_lacks_are_refused_unless_at_vllms_default(
     found = request.refusals(384) if model is EmbeddingRequestBody else request.refusals()
     assert [field for field, _ in found] == refused
     assert all("vLLM extension is not supported" in why for _, why in found)
+
+
+def test_usage_reports_the_prompt_tokens_the_prefix_cache_held_where_the_engine_keeps_one():
+    """OpenAI's ``prompt_tokens_details.cached_tokens`` (vLLM's server: with ``--enable-prompt-tokens-details``),
+    each prompt counted once however many choices it has; nothing where the engine keeps no prefix cache."""
+    from serve_app.engines import GenerationResult
+    from serve_app.openai.common import usage
+
+    def result(cached: int | None) -> GenerationResult:
+        return GenerationResult("r", "x", 40, 2, "stop", cached_tokens=cached)
+
+    assert usage([result(32), result(32), result(16), result(16)], n=2).prompt_tokens_details.cached_tokens == 48
+    assert usage([result(None)]).prompt_tokens_details is None
+    assert "cached_tokens" not in result(32).to_dict()  # /generate's details are as before

@@ -181,6 +181,8 @@ def test_openai_client_streams_the_same_answer_it_gives_whole(real_app):
     assert text == whole.choices[0].message.content  # greedy: the deltas add up to the same answer
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1  # it streamed
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    for usage in (whole.usage, chunks[-1].usage):  # what vLLM's prefix cache held, as OpenAI's API reports it
+        assert 0 <= usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
 
 
 def test_openai_client_gets_vllms_log_probabilities(real_app):

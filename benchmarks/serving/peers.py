@@ -167,6 +167,7 @@ def serve_ray_llm(
             "max_model_len": MAX_MODEL_LEN,
             "enforce_eager": True,
             "kv_cache_memory_bytes": kv_cache_bytes(kv_cache_gib),
+            "enable_prompt_tokens_details": True,  # usage's cached tokens, as the app reports them: no other change
         },
         deployment_config={
             "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas},

@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 from benchmarks.routing import prefix_load
+from benchmarks.routing.spread import Spread
+
+USAGE = {"completion_tokens": 3, "prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}}
 
 
-async def answer(request, number: int):
-    """A streamed chat answer, ``answer <number>``, of 3 tokens."""
+async def answer(request, number: int, usage: dict = USAGE):
+    """A streamed chat answer, ``answer <number>``, of 3 tokens, 4 of its 10 prompt tokens cached."""
     from aiohttp import web
 
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     for chunk in (
         {"choices": [{"delta": {"content": f"answer {number}"}}]},
-        {"choices": [], "usage": {"completion_tokens": 3}},
+        {"choices": [], "usage": usage},
     ):
         await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
     await response.write(b"data: [DONE]\n\n")
@@ -81,6 +85,23 @@ def test_each_turn_sends_its_conversation_so_far_and_a_failed_turn_ends_it():
     assert refused and all(not o["ok"] and o["turn"] == 0 and "400" in o["error"] for o in refused)
     figures = prefix_load.summarize(outcomes)
     assert figures["failed"] == len(refused) and figures["ttft_p50_s"] > 0
+    assert figures["cache_hit_rate"] == 0.4
+
+
+def test_the_hit_rate_is_the_cached_share_of_every_prompt_token_and_unknown_where_a_turn_has_none():
+    turns = [{"prompt_tokens": 100, "cached_tokens": 90}, {"prompt_tokens": 300, "cached_tokens": 10}]
+    assert prefix_load.cache_hit_rate(turns) == 0.25  # 100 of 400, not the mean of 0.9 and 0.03
+    assert math.isnan(prefix_load.cache_hit_rate([*turns, {"prompt_tokens": 50, "cached_tokens": None}]))
+    assert math.isnan(prefix_load.cache_hit_rate([]))
+
+
+def test_each_replica_hit_rate_counts_what_its_engine_finished_while_the_load_ran():
+    spread = Spread([])
+    assert spread.hit_rates() == []  # no samples
+    spread.prompts = [[(1_000, 500), (0, 0)], [(1_400, 800), (2_000, 100)], [(2_000, 1_100), (2_000, 100)]]
+    assert spread.hit_rates() == [0.6, 0.05]  # 600 of 1,000 since the first sample; 100 of 2,000
+    spread.prompts = [[(10, 5)], [(10, 5)]]
+    assert math.isnan(spread.hit_rates()[0])  # nothing finished there
 
 
 def test_with_sessions_each_conversation_names_itself_in_the_session_header():

@@ -55,12 +55,15 @@ class GenerationResult:
     """Every prompt token's, where asked for (``SamplingOptions.prompt_logprobs``)."""
     token_ids: tuple[int, ...] = ()
     """Every generated token's id, in order (what vLLM's ``return_token_ids`` sends)."""
+    cached_tokens: int | None = None
+    """How many of the prompt's tokens the engine found in its prefix cache (vLLM's ``num_cached_tokens``); None
+    where the engine keeps no such cache."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the log probabilities only where asked for; the token ids left to the routes that
-        are asked for them)."""
+        """A JSON-ready dict (the log probabilities only where asked for; the token ids and the cached tokens left
+        to the routes that report them)."""
         out = asdict(self)
-        del out["token_ids"]
+        del out["token_ids"], out["cached_tokens"]
         for name in ("logprobs", "prompt_logprobs"):
             if out[name] is None:
                 del out[name]

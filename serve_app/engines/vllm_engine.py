@@ -117,7 +117,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         except ValueError:
             self.close()
             raise
-        self._counts = {"requests": 0, "aborts": 0}
+        self._counts = {"requests": 0, "aborts": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0}
 
     async def _tokenize(self, prompts: list[Any], **params: Any) -> list[Any]:
         return await tokenize_prompts(self._llm, prompts, **params)
@@ -241,7 +241,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         self._counts["requests"] += 1
         parts: list[str] = []
         token_ids: list[int] = []
-        finish_reason = None
+        finish_reason = cached = None
         wanted = request.sampling.logprobs is not None
         logprobs: list[TokenLogprob] = []
         prompt_logprobs = None
@@ -257,6 +257,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             async for output in self._llm.generate(prompt, params, request.request_id, **options):
                 if prompt_logprobs is None and output.prompt_logprobs:  # the first output carries them
                     unsent = prompt_logprobs = self._logprobs(request.prompt_token_ids, output.prompt_logprobs)
+                cached = output.num_cached_tokens if output.num_cached_tokens is not None else cached
                 if not output.outputs:
                     continue
                 completion = output.outputs[0]
@@ -279,6 +280,8 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             logger.warning("request %s failed: %r", request.request_id, exc)
             yield GenerationResult.failure(request, f"{type(exc).__name__}: {exc}", len(token_ids))
             return
+        self._counts["prompt_tokens"] += prompt_tokens
+        self._counts["cached_prompt_tokens"] += cached or 0
         yield GenerationResult(
             request.request_id,
             "".join(parts),
@@ -288,6 +291,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             logprobs=tuple(logprobs) if wanted else None,
             prompt_logprobs=prompt_logprobs,
             token_ids=tuple(token_ids),
+            cached_tokens=cached or 0,
         )
 
     def _logprobs(self, token_ids: Sequence[int], positions: Sequence[Any] | None) -> tuple[TokenLogprob, ...]:
@@ -326,4 +330,6 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             await self._llm.abort(request_id)
 
     def stats(self) -> dict[str, int]:
+        """Requests run, aborts received, and the prompt tokens of the requests that finished with how many of them
+        vLLM's prefix cache held (their ratio: this engine's prefix-cache hit rate, as vLLM's own metrics count it)."""
         return dict(self._counts)

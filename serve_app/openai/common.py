@@ -217,10 +217,17 @@ def new_id(kind: str) -> str:
 
 def usage(results: Sequence[GenerationResult], n: int = 1, reasoning: int | None = None) -> CompletionUsage:
     """Token usage: each prompt counted once (every ``n``-th result), every completion counted; ``reasoning``: how
-    many of the completions' tokens were thoughts, where a reasoning parser read them."""
-    prompt = sum(r.prompt_tokens for r in results[::n])
+    many of the completions' tokens were thoughts, where a reasoning parser read them; how many prompt tokens the
+    engine's prefix cache held, where it keeps one (as OpenAI's API reports them; vLLM's server with
+    ``--enable-prompt-tokens-details``)."""
+    prompts = results[::n]
+    prompt = sum(r.prompt_tokens for r in prompts)
     completion = sum(r.output_tokens for r in results)
-    details = {} if reasoning is None else {"completion_tokens_details": {"reasoning_tokens": reasoning}}
+    details: dict[str, Any] = {}
+    if reasoning is not None:
+        details["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    if prompts and all(r.cached_tokens is not None for r in prompts):
+        details["prompt_tokens_details"] = {"cached_tokens": sum(r.cached_tokens or 0 for r in prompts)}
     return CompletionUsage(
         prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion, **details
     )

@@ -109,10 +109,11 @@ class ResponsesFormat:
         return self.final
 
     def _usage(self, result: GenerationResult, details: Any) -> ResponseUsage:
-        """The Response's usage: the result's tokens, and how many were thoughts (the chat usage's ``details``)."""
+        """The Response's usage: the result's tokens, how many of its prompt's the prefix cache held, and how many
+        were thoughts (the chat usage's ``details``)."""
         return ResponseUsage(
             input_tokens=result.prompt_tokens,
-            input_tokens_details={"cached_tokens": 0, "cache_write_tokens": 0},
+            input_tokens_details={"cached_tokens": result.cached_tokens or 0, "cache_write_tokens": 0},
             output_tokens=result.output_tokens,
             output_tokens_details={"reasoning_tokens": (details.reasoning_tokens or 0) if details else 0},
             total_tokens=result.prompt_tokens + result.output_tokens,
