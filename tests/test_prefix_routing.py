@@ -110,12 +110,36 @@ async def test_a_burst_on_one_prefix_piles_on_its_replica_only_up_to_the_max_sha
     a, b = FakeReplica("a", 0), FakeReplica("b", 0)
     router = await router_with(a, b, settle_s=0.0, tie_fraction=0, prefix_weight=4, prefix_max_share=0.25)
     went = []
-    for i in range(20):  # none completes: each adds its ~1,025 tokens to where it went
-        pending = request("generate", SYSTEM + f" and request {i}", max_tokens=10)
+    for i in range(20):  # none completes: each adds its own ~510 tokens where the prefix is held, else ~1,525
+        pending = request("generate", SYSTEM + f" request {i:02d} ".rjust(64, "x") * 32, max_tokens=10)
         replica = await route(router, pending)
         router.on_request_routed(pending, replica.replica_id, None)
         went.append(replica.replica_id.unique_id)
         held = [router.held_tokens(r, router._clock()) for r in (a, b)]
-        assert abs(held[0] - held[1]) <= 2_500 + 1_030, (went, held)
+        assert abs(held[0] - held[1]) <= 2_500 + 1_525, (went, held)
     assert went[1] == went[0] and went[2] == went[0]  # within the share, the prefix wins over tokens held
     assert went.count("a") >= 8 and went.count("b") >= 8  # past it, the other replica takes its part
+
+
+async def test_a_request_is_booked_less_the_prefix_its_replica_holds_and_whole_where_another_takes_it():
+    """Between reports the router adds what it sends to a replica's held tokens as that replica's admission counts
+    it: a prompt prefix its requests in flight share, once. Where another replica takes the request, it holds
+    none of it there: the whole cost."""
+    a, b = FakeReplica("a", 0), FakeReplica("b", 0)
+    router = await router_with(a, b, settle_s=0.0, tie_fraction=0)
+
+    def held() -> list[float]:
+        return [router.held_tokens(r, router._clock()) for r in (a, b)]
+
+    first = request("generate", SYSTEM, max_tokens=10)
+    cost = router.estimate_cost(first)
+    went = await route(router, first)
+    router.on_request_routed(first, went.replica_id, None)
+    assert sorted(held()) == [0, cost]  # nothing of it was held anywhere
+    second = request("generate", SYSTEM + "and a question of its own", max_tokens=10)
+    assert await route(router, second) is went
+    shared = len(router.prefix_keys(first)) * router._prefixes.block_tokens
+    assert max(held()) == cost + router.estimate_cost(second) - shared  # chosen: counted less what it shares
+    other = b if went is a else a
+    router.on_request_routed(second, other.replica_id, None)  # but the other replica took it
+    assert sorted(held()) == [cost, router.estimate_cost(second)]

@@ -341,7 +341,7 @@ async def test_a_report_within_settle_s_of_routing_does_not_replace_the_delta_ye
 async def test_completed_and_refused_requests_leave_the_delta():
     a, b = FakeReplica("a", 0), FakeReplica("b", 50)
     router = await router_with(a, b)
-    done, refused, running = (request("generate", "x" * 400, max_tokens=100) for _ in range(3))
+    done, refused, running = (request("generate", f"{i}".ljust(400, "x"), max_tokens=100) for i in range(3))
     for pending in (done, running):
         replica = await route(router, pending)
         router.on_request_routed(pending, replica.replica_id, None)

@@ -27,6 +27,14 @@ class Routed:
     replica_id: ReplicaID
     at: float
     routed: bool = False  # the replica took it (on_request_routed); else only chosen so far
+    shared: float = 0.0
+    """Tokens of ``cost`` the replica most likely holds already: the prompt's prefix that requests in flight there
+    share, which its admission counts once (``batcher.shared_prefixes``)."""
+
+    @property
+    def tokens(self) -> float:
+        """What the request adds to the replica's held tokens."""
+        return max(0.0, self.cost - self.shared)
 
 
 class Books:
@@ -65,7 +73,7 @@ class Books:
             else:
                 del self.fresh[internal_id]
         self.gone = [(tokens, ended) for tokens, ended in self.gone if ended > self.at]
-        self.delta = sum(r.cost for entries in self.fresh.values() for r in entries)
+        self.delta = sum(r.tokens for entries in self.fresh.values() for r in entries)
         self.gone_tokens = sum(tokens for tokens, _ in self.gone)
         self.requests = sum(len(entries) for entries in self.fresh.values()) - len(self.gone)
 
@@ -76,7 +84,7 @@ class Books:
     def add(self, routed: Routed) -> None:
         if routed.at > self.at - self.settle_s:
             self.fresh.setdefault(routed.internal_id, []).append(routed)
-            self.delta += routed.cost
+            self.delta += routed.tokens
             self.requests += 1
 
     def remove(self, routed: Routed) -> bool:
@@ -86,7 +94,7 @@ class Books:
                 del entries[index]
                 if not entries:
                     del self.fresh[routed.internal_id]
-                self.delta -= routed.cost
+                self.delta -= routed.tokens
                 self.requests -= 1
                 return True
         return False
@@ -97,8 +105,8 @@ class Books:
         if self.remove(routed):
             return
         if routed.at + self.settle_s <= self.at < now:
-            self.gone.append((routed.cost, now))
-            self.gone_tokens += routed.cost
+            self.gone.append((routed.tokens, now))
+            self.gone_tokens += routed.tokens
             self.requests -= 1
 
 
@@ -154,6 +162,8 @@ class Ledger:
             chosen = Routed(internal_id, cost(), replica_id, 0.0)
         else:
             self.book(chosen.replica_id).remove(chosen)
+            if chosen.replica_id != replica_id:  # another replica took it: what the first held does not count there
+                chosen.shared = 0.0
         chosen.replica_id, chosen.at, chosen.routed = replica_id, now, True
         self.book(replica_id).add(chosen)
         self._remember(chosen)

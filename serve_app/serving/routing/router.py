@@ -9,19 +9,20 @@ request, queued + in flight), and reports it (``Replica.record_routing_stats``: 
 
 How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in the app config):
 
-- **Held tokens**: a replica's ``token_load`` from its latest report, plus the estimated cost of every request
-  this router sent it since that report was measured (optimistic accounting between reports, as Serve's own
-  router does for queue lengths). A 4k-token request sent while the report is a second old counts at once, so
-  the burst behind it goes elsewhere. A request is counted from the moment it is *chosen* (a burst is routed
-  back to back, before any replica answers), moved to the replica that took it (``on_request_routed``) and
-  dropped when it completes (``on_request_completed``) or once a report measured after it was routed (plus
-  ``settle_s`` for it to reach the replica's batcher) arrives: that report already counts it. The same the other
-  way: a request that completes after a report counted it comes off that report at once, until a report
-  measured after its end arrives (reports reach a router 1-2 s late, and a replica that just finished a batch
+- **Held tokens**: a replica's ``token_load`` from its latest report, plus the estimated cost of every request this
+  router sent it since that report was measured (optimistic accounting between reports, as Serve's own router does
+  for queue lengths), less the prompt tokens the prefix index says it holds already (the replica's admission counts
+  a prefix that its requests in flight share once: ``batcher.shared_prefixes``). A 4k-token request sent while the
+  report is a second old counts at once, so the burst behind it goes elsewhere. A request is counted from the moment
+  it is *chosen* (a burst is routed back to back, before any replica answers), moved to the replica that took it
+  (``on_request_routed``) and dropped when it completes (``on_request_completed``) or once a report measured after
+  it was routed (plus ``settle_s`` for it to reach the replica's batcher) arrives: that report already counts it.
+  The same the other way: a request that completes after a report counted it comes off that report at once, until a
+  report measured after its end arrives (reports reach a router 1-2 s late, and a replica that just finished a batch
   would look full for that long). Over gRPC (serve.env) a unary handle call's replica confirms it
-  (``on_request_routed``) only with its answer, after it completed: that late confirmation is ignored. Reports
-  are timed by the replica's clock (``at``), routing by the router's (a report is never taken as newer than
-  when it was seen): hosts are assumed to agree to well under a second.
+  (``on_request_routed``) only with its answer, after it completed: that late confirmation is ignored. Reports are
+  timed by the replica's clock (``at``), routing by the router's (a report is never taken as newer than when it was
+  seen): hosts are assumed to agree to well under a second.
 - **Ranking**: by ``(held + cost - credit) / token_budget``, the share of its budget a replica would hold with this
   request (plain tokens when a replica reports no budget), lowest first. ``credit`` is the prefix score: the
   request's prompt tokens the replica most likely holds in its prefix cache (:mod:`serve_app.serving.routing.prefixes`:
@@ -306,11 +307,12 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         session = pending_request.metadata.session_id if self.session_affinity else ""
         went = self._sessions.replica(session)
         ranked = self.rank(candidate_replicas, held, cost, cached, loading, went)  # type: ignore[arg-type]
-        self._prefixes.record(ranked[0].replica_id, keys)
-        self._sessions.sent(session, ranked[0].replica_id, internal_id)
+        chosen = ranked[0].replica_id
+        self._prefixes.record(chosen, keys)
+        self._sessions.sent(session, chosen, internal_id)
         if adapter is not None:
-            self._adapters.sent(ranked[0].replica_id, adapter, now)
-        self._ledger.choose(key, Routed(internal_id, cost, ranked[0].replica_id, now))
+            self._adapters.sent(chosen, adapter, now)
+        self._ledger.choose(key, Routed(internal_id, cost, chosen, now, shared=cached[chosen]))
         pending_request.routing_context.should_backoff = True  # back off between passes when every replica is full
         return [[replica] for replica in ranked]
 
