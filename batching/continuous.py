@@ -145,7 +145,12 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         coalesce_fn: ``(earlier, later) -> output`` or None: joins a record's outputs that wait in its
             :class:`RecordStream` for a consumer that fell behind into one (None: those two stay apart, say the
             last). An engine's token deltas: the reader takes what came while it was busy in one piece, as
-            vLLM's own output collector does. Outputs are never held back to be joined. Default: none joined.
+            vLLM's own output collector does. Outputs are not held back to be joined unless paced
+            (``stream_interval_s``). Default: none joined.
+        stream_interval_s: with ``coalesce_fn``, a record's consumer takes at most one output this often: one
+            that comes sooner waits (at most this long) and goes joined with what comes meanwhile, while the
+            first and the end go at once. Fewer, larger outputs cost the consumer less where the engine makes
+            them faster than they are worth sending one by one (tokens to a socket). Default 0: each at once.
         default_cost: the cost of a record with no other estimate.
         latency_samples: how many recent per-record latencies the percentiles in ``stats`` cover.
     """
@@ -179,6 +184,7 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         prefix_fn: Callable[[RecordT], Sequence[Hashable]] | None = None,
         block_cost: int = 1,
         coalesce_fn: Callable[[ResultT, ResultT], ResultT | None] | None = None,
+        stream_interval_s: float = 0.0,
         default_cost: int = 1,
         latency_samples: int = 10_000,
     ) -> None:
@@ -200,6 +206,7 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         self._block_cost = positive_int("block_cost", block_cost)
         self._held = {}
         self._coalesce_fn = coalesce_fn
+        self._stream_interval = _number("stream_interval_s", stream_interval_s, 0.0)
         self._aging = None if aging_s is None else _number("aging_s", aging_s, 0.0, open_low=True)
         self._share = _number("low_priority_share", low_priority_share, 0.0, 1.0, open_low=True)
         self._step_budget = (

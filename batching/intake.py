@@ -32,6 +32,7 @@ class RecordIntake(RecordScheduler):
     _aging: float | None
     _max_queue_wait: float | None
     _coalesce_fn: Callable[[Any, Any], Any] | None
+    _stream_interval: float
 
     def _new_queue(self) -> TicketQueue:
         return TicketQueue(fair_share=self._fair, aging_s=self._aging)
@@ -98,7 +99,7 @@ class RecordIntake(RecordScheduler):
         priority, tenant = self._priority_of(record), self._tenant_of(record)
         ticket = Ticket(record, cost, growth, sink, 0.0, priority, tenant, group, blocks)
         if sink is None:
-            ticket.sink = RecordStream(lambda: self._withdraw(ticket, None), self._coalesce_fn)
+            ticket.sink = RecordStream(lambda: self._withdraw(ticket, None), self._coalesce_fn, self._stream_interval)
         else:
             sink.add_done_callback(lambda future: future.cancelled() and self._withdraw(ticket, None))
         return ticket

@@ -21,6 +21,11 @@ class _Failure:
         self.error = error
 
 
+def _wake(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class RecordStream(Generic[ResultT]):
     """One record's outputs, in order, as the engine produces them; ends exactly once.
 
@@ -29,19 +34,27 @@ class RecordStream(Generic[ResultT]):
     ``async with``) withdraws the record: from the queue if it has not started, else by cancelling its run,
     which frees its cost at once. With ``coalesce`` (``(earlier, later)`` -> one output, or None where they
     must stay apart), a consumer that fell behind takes the outputs waiting for it as one: each costs its
-    consumer (a chunk on a socket) what one costs, however few tokens it carries. Nothing waits to be joined.
+    consumer (a chunk on a socket) what one costs, however few tokens it carries. Nothing waits to be joined
+    unless ``interval_s`` paces the consumer: an output that comes within it of the last one taken waits for it
+    to pass (or for the stream's end), joined with what comes meanwhile.
     """
 
-    __slots__ = ("_buffer", "_cancel", "_coalesce", "_ended", "_waiter")
+    __slots__ = ("_buffer", "_cancel", "_coalesce", "_ended", "_interval", "_next_at", "_pacing", "_waiter")
 
     def __init__(
-        self, cancel: Callable[[], None], coalesce: Callable[[ResultT, ResultT], ResultT | None] | None = None
+        self,
+        cancel: Callable[[], None],
+        coalesce: Callable[[ResultT, ResultT], ResultT | None] | None = None,
+        interval_s: float = 0.0,
     ) -> None:
         self._buffer: deque[Any] = deque()
         self._waiter: asyncio.Future | None = None
         self._ended = False
         self._cancel = cancel
         self._coalesce = coalesce
+        self._interval = interval_s if coalesce is not None else 0.0
+        self._next_at = 0.0
+        self._pacing = False
 
     # -- producer side (the batcher) ----------------------------------------------------------------
 
@@ -49,6 +62,8 @@ class RecordStream(Generic[ResultT]):
         if self._ended:
             return
         self._buffer.append(item)
+        if self._pacing and item is not _END and not isinstance(item, _Failure):
+            return
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -74,6 +89,8 @@ class RecordStream(Generic[ResultT]):
                 await self._waiter
             finally:
                 self._waiter = None
+        if self._interval:
+            await self._pace()
         item = self._buffer[0]
         if item is _END:
             raise StopAsyncIteration
@@ -88,7 +105,25 @@ class RecordStream(Generic[ResultT]):
                 break
             item = joined
             buffer.popleft()
+        if self._interval:
+            self._next_at = asyncio.get_running_loop().time() + self._interval
         return item
+
+    async def _pace(self) -> None:
+        """Hold an output that came within ``interval_s`` of the last one taken until then, so that what comes
+        meanwhile goes with it; the stream's end wakes it at once."""
+        loop = asyncio.get_running_loop()
+        if self._next_at <= loop.time() or self._ended:
+            return
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_at(self._next_at, _wake, waiter)
+        self._pacing = True
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+            self._pacing = False
 
     async def aclose(self) -> None:
         """Withdraw the record if it has not finished (idempotent)."""

@@ -10,6 +10,7 @@ statistics are checked over phases of a tenth of a second, with wide margins.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -1000,6 +1001,86 @@ async def test_a_reader_that_fell_behind_takes_the_waiting_outputs_joined_and_a_
         assert batcher.stats.total_completed == 1
     with pytest.raises(TypeError, match="coalesce_fn"):
         ContinuousBatcher(fake_tokens, coalesce_fn="join")  # type: ignore[arg-type]
+
+
+def join_tokens(earlier: str, later: str) -> str | None:
+    return None if later == "END" else f"{earlier}+{later}"
+
+
+class Tokens:
+    """A fake engine whose one record emits a token each time the test calls :meth:`emit`, then ``END``."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def emit(self, *tokens: str | None) -> None:
+        for token in tokens:
+            self.queue.put_nowait(token)
+
+    async def generate(self, record: int) -> AsyncIterator[str]:
+        while (token := await self.queue.get()) is not None:
+            yield token
+        yield "END"
+
+
+@contextlib.asynccontextmanager
+async def paced(interval_s: float) -> AsyncIterator[tuple[Tokens, RecordStream]]:
+    """A stream paced at ``interval_s`` whose first token has been read (it goes at once), and its engine."""
+    engine = Tokens()
+    async with ContinuousBatcher(engine.generate, coalesce_fn=join_tokens, stream_interval_s=interval_s) as batcher:
+        stream = batcher.stream_nowait(1)
+        engine.emit("t0")
+        assert await stream.__anext__() == "t0"
+        yield engine, stream
+
+
+async def test_a_paced_stream_holds_what_comes_within_its_interval_and_its_end_wakes_it_at_once():
+    async with paced(1.0) as (engine, stream):  # far longer than the test: only the end can release what it holds
+        reader = asyncio.ensure_future(stream.__anext__())
+        engine.emit("t1", "t2")
+        await ticks(200)
+        assert not reader.done()  # held: they came within the interval of t0
+        engine.emit(None)  # the end: what is held goes at once, and the end after it
+        await until(reader.done)
+        assert reader.result() == "t1+t2"
+        assert [x async for x in stream] == ["END"]
+
+
+async def test_a_paced_stream_sends_what_it_held_when_its_interval_is_over():
+    async with paced(0.2) as (engine, stream):
+        engine.emit("t1", "t2")
+        assert await asyncio.wait_for(stream.__anext__(), 30) == "t1+t2"  # the interval's timer, not the end
+        assert not stream.done
+        engine.emit(None)
+        assert [x async for x in stream] == ["END"]
+
+
+async def test_a_paced_stream_withdrawn_while_it_holds_outputs_ends_its_reader():
+    async with paced(1.0) as (engine, stream):
+        reader = asyncio.ensure_future(stream.__anext__())
+        engine.emit("t1")
+        await ticks(50)
+        assert not reader.done()
+        await stream.aclose()  # wakes the reader at once (the interval is far longer than the test)
+        await until(reader.done)
+        assert reader.result() == "t1"  # what it held, then the end
+        with pytest.raises(BatcherStoppedError, match="withdrawn"):
+            await stream.__anext__()
+
+
+async def test_without_coalesce_fn_a_stream_is_not_paced():
+    engine = Tokens()
+    async with ContinuousBatcher(engine.generate, stream_interval_s=1.0) as batcher:
+        stream = batcher.stream_nowait(1)
+        engine.emit("t0", "t1")
+        assert await stream.__anext__() == "t0"
+        reader = asyncio.ensure_future(stream.__anext__())
+        await until(reader.done)  # at once, well within the interval: nothing to join them with, no hold
+        assert reader.result() == "t1"
+        engine.emit(None)
+        assert [x async for x in stream] == ["END"]
+    with pytest.raises(ValueError, match="stream_interval_s"):
+        ContinuousBatcher(engine.generate, stream_interval_s=-0.1)
 
 
 @pytest.mark.parametrize("where", ["queued", "running"])

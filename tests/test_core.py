@@ -45,6 +45,19 @@ async def test_one_path_streams_deltas_then_each_result_in_order():
         await generator.stop()
 
 
+async def test_a_paced_stream_sends_its_first_token_at_once_and_joins_what_comes_within_the_interval():
+    generator = core(simulated={"step_s": 0.001}, batcher={"stream_interval_s": 1.0})
+    await generator.start()
+    try:  # 6 tokens a millisecond apart, the interval far longer: the first alone, the rest with the end
+        (request,) = await prompts(generator, ["one two"], max_tokens=6)
+        outputs = [output async for _, output in generator.run([request])]
+        first, joined, result = outputs
+        assert (first.output_tokens, joined.output_tokens) == (1, 6) and isinstance(result, GenerationResult)
+        assert first.text + joined.text == result.text
+    finally:
+        await generator.stop()
+
+
 async def test_a_reader_that_fell_behind_gets_the_waiting_deltas_as_one():
     generator = core(simulated={"step_s": 0.001})
     await generator.start()

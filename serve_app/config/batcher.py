@@ -104,6 +104,16 @@ class ContinuousSettings(QueueSettings):
         "served the fewest tokens (VTC: token-weighted virtual counters); off: arrival order",
     )
 
+    stream_interval_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="a streamed request sends at most one chunk this often: tokens the engine makes sooner wait "
+        "(at most this long) and go together in the next, while its first token and its end go at once. 0: each "
+        "token as soon as the replica takes it (vLLM's server's way); a few tens of ms cut the serving layer's "
+        "work per token where the engine makes a stream's tokens faster than that (a GPU). Generation only",
+    )
+
     def batcher_kwargs(
         self, kv_cache_tokens: int | None, max_running: int | None, step_tokens: int | None = None
     ) -> dict[str, Any]:
@@ -125,6 +135,7 @@ class ContinuousSettings(QueueSettings):
             "share_hold_s": self.share_hold_s,
             "aging_s": self.aging_s,
             "fair_share": self.fair_share,
+            "stream_interval_s": self.stream_interval_s,
         }
 
 
