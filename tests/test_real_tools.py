@@ -158,8 +158,8 @@ def test_the_docs_example_runs_as_written_and_a_schema_vllm_cannot_compile_is_a_
 
 def test_the_responses_api_forces_a_call_and_a_schema_and_continues_with_the_tools_answer(real_app):
     """``/v1/responses`` on the real engine: a required function call valid against its schema, the tool's output
-    continuing the stored response (on the prompt: the whole exchange), and ``text.format`` constraining the
-    answer to a JSON schema."""
+    continuing the stored response (on the prompt: the whole exchange, whose start the prefix cache holds, as
+    usage says), and ``text.format`` constraining the answer to a JSON schema."""
     responses = client(real_app).responses
     tool = {"type": "function", "name": "get_weather", "parameters": PARAMETERS, "strict": True}
     first = responses.create(
@@ -179,6 +179,11 @@ def test_the_responses_api_forces_a_call_and_a_schema_and_continues_with_the_too
         model="SmolLM2-135M-Instruct", previous_response_id=first.id, input=[answer], tools=[tool], max_output_tokens=24
     )
     assert second.output and second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    block = 128  # vLLM's KV-cache block on a CPU: its prefix cache holds a prompt's full blocks
+    for usage in (first.usage, second.usage):  # each prompt's full blocks: found in the cache, or written to it
+        details = usage.input_tokens_details
+        assert details.cached_tokens + details.cache_write_tokens == usage.input_tokens // block * block, usage
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens // block * block  # continued
 
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}
     shaped = responses.create(

@@ -161,8 +161,8 @@ def test_requests_sharing_a_prompt_are_charged_for_its_blocks_once(core, engine,
 
 def test_a_result_and_the_engines_stats_count_the_prompt_tokens_its_prefix_cache_held(core, engine, loop):
     """A prompt run again finds its full blocks in vLLM's prefix cache but the last token's (vLLM computes at least
-    one); the result says how many (usage's ``cached_tokens``), and the engine's counters (the replica's /stats)
-    add them up."""
+    one); the result says how many (usage's ``cached_tokens``) and how many it wrote there (the Responses API's
+    ``cache_write_tokens``), and the engine's counters (the replica's /stats) add them up."""
     import uuid
 
     from serve_app.engines import GenerationResult
@@ -186,6 +186,8 @@ def test_a_result_and_the_engines_stats_count_the_prompt_tokens_its_prefix_cache
     tokens = first.prompt_tokens
     assert tokens > 3 * size and first.cached_tokens < size  # new to the cache: at most the template's first block
     assert second.cached_tokens == (tokens - 1) // size * size and first.text == second.text
+    for result in (first, second):  # what each wrote: the prompt's full blocks it found no copy of
+        assert result.cached_tokens + result.cache_write_tokens == tokens // size * size
     after = engine.stats()
     assert after["prompt_tokens"] - before["prompt_tokens"] == 2 * tokens
     assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == first.cached_tokens + second.cached_tokens

@@ -58,12 +58,15 @@ class GenerationResult:
     cached_tokens: int | None = None
     """How many of the prompt's tokens the engine found in its prefix cache (vLLM's ``num_cached_tokens``); None
     where the engine keeps no such cache."""
+    cache_write_tokens: int | None = None
+    """How many of the prompt's tokens this request computed into new prefix-cache blocks (vLLM's
+    ``num_cache_creation_tokens``: its full blocks not cached before); None where the engine keeps no such cache."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the log probabilities only where asked for; the token ids and the cached tokens left
-        to the routes that report them)."""
+        """A JSON-ready dict (the log probabilities only where asked for; the token ids and the prefix cache's
+        counts left to the routes that report them)."""
         out = asdict(self)
-        del out["token_ids"], out["cached_tokens"]
+        del out["token_ids"], out["cached_tokens"], out["cache_write_tokens"]
         for name in ("logprobs", "prompt_logprobs"):
             if out[name] is None:
                 del out[name]

@@ -241,7 +241,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         self._counts["requests"] += 1
         parts: list[str] = []
         token_ids: list[int] = []
-        finish_reason = cached = None
+        finish_reason = cached = written = None
         wanted = request.sampling.logprobs is not None
         logprobs: list[TokenLogprob] = []
         prompt_logprobs = None
@@ -258,6 +258,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
                 if prompt_logprobs is None and output.prompt_logprobs:  # the first output carries them
                     unsent = prompt_logprobs = self._logprobs(request.prompt_token_ids, output.prompt_logprobs)
                 cached = output.num_cached_tokens if output.num_cached_tokens is not None else cached
+                written = output.num_cache_creation_tokens if output.num_cache_creation_tokens is not None else written
                 if not output.outputs:
                     continue
                 completion = output.outputs[0]
@@ -292,6 +293,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             prompt_logprobs=prompt_logprobs,
             token_ids=tuple(token_ids),
             cached_tokens=cached or 0,
+            cache_write_tokens=written or 0,
         )
 
     def _logprobs(self, token_ids: Sequence[int], positions: Sequence[Any] | None) -> tuple[TokenLogprob, ...]:

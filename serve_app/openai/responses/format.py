@@ -109,11 +109,12 @@ class ResponsesFormat:
         return self.final
 
     def _usage(self, result: GenerationResult, details: Any) -> ResponseUsage:
-        """The Response's usage: the result's tokens, how many of its prompt's the prefix cache held, and how many
-        were thoughts (the chat usage's ``details``)."""
+        """The Response's usage: the result's tokens, how many of its prompt's the prefix cache held and how many
+        it wrote there, and how many were thoughts (the chat usage's ``details``)."""
+        cache = {"cached_tokens": result.cached_tokens or 0, "cache_write_tokens": result.cache_write_tokens or 0}
         return ResponseUsage(
             input_tokens=result.prompt_tokens,
-            input_tokens_details={"cached_tokens": result.cached_tokens or 0, "cache_write_tokens": 0},
+            input_tokens_details=cache,
             output_tokens=result.output_tokens,
             output_tokens_details={"reasoning_tokens": (details.reasoning_tokens or 0) if details else 0},
             total_tokens=result.prompt_tokens + result.output_tokens,
