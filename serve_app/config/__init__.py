@@ -7,6 +7,7 @@ from .common import API_KEY_ENV, DATA_PRIORITY, DEFAULT_MAX_REQUEST_BODY_BYTES, 
 from .embeddings import EmbeddingConfig
 from .generation import AppConfig, SamplingDefaults, SimulatedSettings, VLLMSettings
 from .lora import LoraSettings
+from .routing import RoutingSettings
 
 __all__ = [
     "API_KEY_ENV",
@@ -22,6 +23,7 @@ __all__ = [
     "DeploymentConfig",
     "EmbeddingConfig",
     "LoraSettings",
+    "RoutingSettings",
     "SamplingDefaults",
     "SimulatedSettings",
     "VLLMSettings",
