@@ -1,17 +1,5 @@
-"""The SIMULATED engine: no model, deterministic text, and time from a cost model. For tests and
-benchmarks of the batching and serving logic only; it is never the default engine.
-
-By default it batches continuously, as vLLM does: one stepper task advances every running sequence by one
-token per step; a step takes ``step_s + step_s_per_seq * sequences + step_s_per_token * tokens in their
-contexts + prefill_s_per_token * prompt tokens entering this step``; each sequence streams its tokens and
-ends at its own length (``max_tokens``), freeing its place for the next (at most ``max_num_seqs`` run; the
-rest wait in the engine's own queue). With ``padded`` it is a static, padded batch engine instead: a batch
-takes ``batch_overhead_s`` plus prefill and decode over batch size x the longest prompt and output.
-
-Tokenization is simulated too: one token per 4 characters, or the model's own tokenizer (``tokenizer``), which
-lets vLLM's output parsers read its replies. Replies echo the prompt's words (with simulated token ids), or say
-a reply a prompt asks for by number (``replies``), token by token, and stop there.
-"""
+"""The SIMULATED engine's stepper: continuous batching (or padded batches) on a cost model; the package's
+docstring says how."""
 
 from __future__ import annotations
 
@@ -23,54 +11,12 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from ..config import SimulatedSettings
-from .base import Engine, EngineDeadError, GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
-from .parsers import OutputParsers
+from ...config import SimulatedSettings
+from ..base import Engine, EngineDeadError, GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
+from ..parsers import OutputParsers
+from .sequence import CHARS_PER_TOKEN, SimulatedSequence
 
 logger = logging.getLogger(__name__)
-
-CHARS_PER_TOKEN = 4
-PREFIX = "[simulated] "
-
-
-class _Sequence:
-    """One request inside the simulated engine."""
-
-    __slots__ = ("aborted", "finished", "outputs", "prefilled", "produced", "request", "script", "words")
-
-    def __init__(self, request: GenerationRequest, script: list[tuple[str, int]] | None = None) -> None:
-        self.request = request
-        self.words = request.prompt_text.split() or ["..."]
-        self.script = script
-        self.produced = 0
-        self.prefilled = False
-        self.finished = False
-        self.aborted = False
-        self.outputs: asyncio.Queue[GenerationOutput | BaseException] = asyncio.Queue()
-
-    def token_text(self, index: int) -> str:
-        if self.script is not None:
-            return self.script[index][0]
-        word = self.words[index % len(self.words)]
-        adapter = self.request.sampling.adapter
-        prefix = PREFIX if adapter is None else f"[simulated {adapter}] "  # an adapter's answer shows its name
-        return prefix + word if index == 0 else " " + word
-
-    def token_id(self, index: int) -> int:
-        """The id of output token ``index``: the script's, or the sum of its text's bytes."""
-        return self.script[index][1] if self.script is not None else sum(self.token_text(index).encode())
-
-    @property
-    def limit(self) -> int:
-        """The tokens it will produce: ``max_tokens``, or its script's where that ends first."""
-        budget = self.request.sampling.max_tokens
-        return budget if self.script is None else min(budget, len(self.script))
-
-    def end_reason(self) -> str:
-        return "stop" if self.script is not None and self.produced >= len(self.script) else "length"
-
-    def context(self) -> int:
-        return len(self.request.prompt_token_ids) + self.produced
 
 
 class SimulatedEngine(Engine):
@@ -99,9 +45,9 @@ class SimulatedEngine(Engine):
         self.max_model_len = settings.max_model_len
         self.continuous = not settings.padded
         self._dead: str | None = None
-        self._waiting: deque[_Sequence] = deque()
-        self._running: list[_Sequence] = []
-        self._by_id: dict[str, _Sequence] = {}
+        self._waiting: deque[SimulatedSequence] = deque()
+        self._running: list[SimulatedSequence] = []
+        self._by_id: dict[str, SimulatedSequence] = {}
         self._wake: asyncio.Event | None = None
         self._stepper: asyncio.Task | None = None
         self._counts = {"batches": 0, "steps": 0, "requests": 0, "aborts": 0, "peak_running": 0, "adapter_loads": 0}
@@ -180,7 +126,7 @@ class SimulatedEngine(Engine):
         if failed is not None:
             yield failed
             return
-        sequence = _Sequence(request, self._script(request.prompt_text))
+        sequence = SimulatedSequence(request, self._script(request.prompt_text))
         self._waiting.append(sequence)
         self._by_id[request.request_id] = sequence
         self._kick()
@@ -206,7 +152,7 @@ class SimulatedEngine(Engine):
             self._stepper = asyncio.get_running_loop().create_task(self._steps(), name="simulated-engine-steps")
         self._wake.set()
 
-    def step_seconds(self, running: Sequence[_Sequence]) -> float:
+    def step_seconds(self, running: Sequence[SimulatedSequence]) -> float:
         """How long the cost model says one decode step over ``running`` takes."""
         s = self.settings
         prefill = sum(len(q.request.prompt_token_ids) for q in running if not q.prefilled)
@@ -232,11 +178,11 @@ class SimulatedEngine(Engine):
                 if not sequence.finished:
                     self._advance(sequence)
 
-    def _fill(self, running: list[_Sequence]) -> None:
+    def _fill(self, running: list[SimulatedSequence]) -> None:
         """Start waiting sequences while there is room, in order, except one whose adapter would make the step's
         adapters more than ``max_adapters`` (it waits for a place, as in vLLM's scheduler)."""
         adapters = {q.request.sampling.adapter for q in running} - {None}
-        skipped: list[_Sequence] = []
+        skipped: list[SimulatedSequence] = []
         while len(running) < self.settings.max_num_seqs and self._waiting:
             sequence = self._waiting.popleft()
             adapter = sequence.request.sampling.adapter
@@ -248,7 +194,7 @@ class SimulatedEngine(Engine):
             running.append(sequence)
         self._waiting.extendleft(reversed(skipped))
 
-    def _load_adapters(self, running: Sequence[_Sequence]) -> int:
+    def _load_adapters(self, running: Sequence[SimulatedSequence]) -> int:
         """Load the adapters the step runs that the engine does not hold (the least recently used go); how many."""
         loads = 0
         for adapter in dict.fromkeys(q.request.sampling.adapter for q in running):
@@ -271,7 +217,7 @@ class SimulatedEngine(Engine):
         for gone in [name for name in self._held if name not in adapters]:
             del self._held[gone]
 
-    def _advance(self, sequence: _Sequence) -> None:
+    def _advance(self, sequence: SimulatedSequence) -> None:
         request = sequence.request
         sequence.prefilled = True
         if sequence.aborted:
@@ -291,7 +237,7 @@ class SimulatedEngine(Engine):
                 return
             self._finish(sequence, sequence.end_reason())
 
-    def _finish(self, sequence: _Sequence, reason: str) -> None:
+    def _finish(self, sequence: SimulatedSequence, reason: str) -> None:
         sequence.finished = True
         produced = sequence.produced
         text = "".join(sequence.token_text(i) for i in range(produced))
@@ -331,7 +277,7 @@ class SimulatedEngine(Engine):
         failed = [self._admit(r) for r in batch]
         self._counts["batches"] += 1
         ids = {r.request_id for r in batch}
-        self._by_id.update({r.request_id: _Sequence(r, self._script(r.prompt_text)) for r in batch})
+        self._by_id.update({r.request_id: SimulatedSequence(r, self._script(r.prompt_text)) for r in batch})
         try:
             await asyncio.sleep(self.batch_seconds(batch))
             bad = self.settings.raise_marker
