@@ -1,60 +1,27 @@
-"""Token-aware request routing: send each request to the replica holding the fewest tokens.
+"""Token-aware request routing: send each request to the replica holding the fewest tokens (Ray Serve 2.60's
+``RequestRouter``; ``routing.router: tokens``). docs/fleet.md tells the whole of it; in short:
 
-Why: Serve's default router (power of two choices) compares *ongoing requests*, and for an LLM a request is the
-wrong unit. A ``generate_batch`` call of 48 prompts with 1,024-token answers and a 16-token chat are each one
-ongoing request, so the replica chewing through the batch gets as many chats as the idle one, and they queue
-behind it. Each replica knows what it holds exactly, in its batcher's unit (prompt tokens + ``max_tokens`` per
-request, queued + in flight), and reports it (``Replica.record_routing_stats``: ``token_load``,
-``token_budget``, ``prompts``, ``at``). This router ranks replicas by it.
+- **Why**: Serve's default router counts ongoing requests, and a 48-prompt ``generate_batch`` call is one request,
+  as a 16-token chat is. Each replica reports what its batcher holds in tokens (``Replica.record_routing_stats``:
+  ``token_load``, ``token_budget``, ``prompts``, ``at``), queued + in flight.
+- **Held tokens**: the latest report, plus what this router sent the replica since it was measured (counted from the
+  moment a request is *chosen*, moved to the replica that took it, dropped on completion or once a report measured
+  ``settle_s`` after it arrives), less what ended there since the report counted it, less the prompt tokens the
+  prefix index says the replica holds already (its admission counts a shared prefix once). A unary call's late
+  confirmation over gRPC is ignored; reports are timed by the replica's clock, never newer than when seen.
+- **Ranking**: ``(held + cost - credit) / token_budget``, lowest first. ``credit`` is the prefix score
+  (:mod:`.prefixes`: prompt tokens this router sent the replica before, times ``prefix_weight``, at most
+  ``prefix_max_share`` of its budget: the guard), or for a request of a session the replica its session went to
+  (:mod:`.sessions`) that whole bound; a LoRA adapter the replica does not hold adds ``adapter_weight`` (twice with
+  its slots full; :mod:`.adapters`). Ties (within ``tie_fraction``) go to locality, then the shorter queue (reported
+  prompts + sent since), then chance; every replica is returned in rank order.
+- **Cost**: handle calls from their arguments (characters / 4 per prompt + ``max_tokens``, times ``n``); HTTP from
+  ``Content-Length`` / 4 + ``default_max_tokens`` (:mod:`.request_cost`).
+- **Fallback**: a missing or stale report (``stale_after_s``), or a multiplexed request: Serve's power of two
+  choices on ongoing requests.
 
-How (Ray Serve 2.60's ``RequestRouter`` interface; ``routing.router: tokens`` in the app config):
-
-- **Held tokens**: a replica's ``token_load`` from its latest report, plus the estimated cost of every request this
-  router sent it since that report was measured (optimistic accounting between reports, as Serve's own router does
-  for queue lengths), less the prompt tokens the prefix index says it holds already (the replica's admission counts
-  a prefix that its requests in flight share once: ``batcher.shared_prefixes``). A 4k-token request sent while the
-  report is a second old counts at once, so the burst behind it goes elsewhere. A request is counted from the moment
-  it is *chosen* (a burst is routed back to back, before any replica answers), moved to the replica that took it
-  (``on_request_routed``) and dropped when it completes (``on_request_completed``) or once a report measured after
-  it was routed (plus ``settle_s`` for it to reach the replica's batcher) arrives: that report already counts it.
-  The same the other way: a request that completes after a report counted it comes off that report at once, until a
-  report measured after its end arrives (reports reach a router 1-2 s late, and a replica that just finished a batch
-  would look full for that long). Over gRPC (serve.env) a unary handle call's replica confirms it
-  (``on_request_routed``) only with its answer, after it completed: that late confirmation is ignored. Reports are
-  timed by the replica's clock (``at``), routing by the router's (a report is never taken as newer than when it was
-  seen): hosts are assumed to agree to well under a second.
-- **Ranking**: by ``(held + cost - credit) / token_budget``, the share of its budget a replica would hold with this
-  request (plain tokens when a replica reports no budget), lowest first. ``credit`` is the prefix score: the
-  request's prompt tokens the replica most likely holds in its prefix cache (:mod:`serve_app.serving.routing.prefixes`:
-  what this router sent it before), times ``prefix_weight``, and never more than ``prefix_max_share`` of its
-  budget: that bound is the guard that a shared prefix never piles more onto one replica than that share of its
-  budget beyond what the others hold. A request of a session (Serve's ``session_id``: the ``x-session-id`` header,
-  or a handle's ``options(session_id=...)``) gives the replica its session was last sent to that whole bound as its
-  credit instead (:mod:`.sessions`): the session stays there within the guard and moves beyond it. A request that
-  names a LoRA adapter (its ``model``) also costs ``adapter_weight`` tokens more on each replica that does not hold
-  the adapter, twice that where the replica's adapter slots are full (the adapter score, :mod:`.adapters`: what the
-  replica reports its engine holds, and where this router sent adapters since). Replicas within ``tie_fraction`` of
-  each other tie; ties go to the local node or zone first (only where the router prefers locality, as the
-  HTTP proxy does), then to the shorter queue, then at random. The queue is the replica's reported prompts
-  plus the requests sent it since, as fresh as the tokens: not Serve's queue-length cache, whose entry for a
-  replica this router has not sent to lately can be 10 s old (after a burst, every free call went to the
-  replica last sent to until the other's entry expired). Every replica is
-  returned in its own rank, so Serve takes the best one unless it is at ``max_ongoing_requests``, then the
-  next.
-- **Cost of a request**: for handle calls, from the arguments (``generate(prompt)``, ``generate_batch(prompts)``,
-  ``chat(messages)``, their ``_stream`` forms): characters / 4 per prompt + ``max_tokens`` (or
-  ``max_completion_tokens``, else ``default_max_tokens``), times ``n``; handle calls that generate nothing
-  (``stats``, ``model_card``) cost 0. For HTTP requests from the proxy the body is not read yet: the
-  ``Content-Length`` / 4 + ``default_max_tokens`` (a GET costs 0). Anything else: ``unknown_cost``.
-- **Fallback**: where any replica's report is missing (a replica that just started) or older than
-  ``stale_after_s``, and for multiplexed requests, it routes as Serve's default router does (power of two
-  choices on ongoing requests, with its locality preference).
-
-Every process that routes (the HTTP proxy, each handle's owner) imports this module: it imports nothing of the
-app but two metric names, the cost estimates (:mod:`serve_app.serving.routing.request_cost`), its ledger of what it
-sent each replica (:mod:`serve_app.serving.routing.books`) and its index of the prompt blocks it sent each
-(:mod:`serve_app.serving.routing.prefixes`), of the adapters it sent each (:mod:`.adapters`) and of where each
-session went (:mod:`.sessions`).
+Every process that routes imports this module, which imports nothing of the app but two metric names and this
+package's ledgers and indexes (:mod:`.books`, :mod:`.prefixes`, :mod:`.adapters`, :mod:`.sessions`).
 """
 
 from __future__ import annotations
