@@ -1,6 +1,7 @@
 """Shared fixtures, by tier (tests/README.md): the session's Ray + Serve instance (loopback only) and an app
 factory for the simulated engine (``serve``); the session's real app, ``serve run serve_config.yaml`` on vLLM, and a
-vLLM engine in this process (``system``); sizes per tier for the load tests; waiting on state.
+vLLM engine in this process (``system``; the app itself in ``real_apps.py``); sizes per tier for the load tests.
+Helpers that wait on state are in ``waits.py``.
 
 One Ray cluster per pytest process: connecting one process to several clusters in turn trips Ray's reference
 counting (repeated job and object ids). The real app therefore runs its own cluster, in subprocesses, and a test
@@ -10,26 +11,20 @@ reaches it over HTTP or through :meth:`RealApp.call`, a driver of that cluster i
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
-import re
-import socket
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from harness import pytest_tiers, tiers
-from harness.environment import ROOT
-from harness.launcher import SERVE_RUN_START_S, Server, dashboard_address, healthy, merged, serve_run
+from harness.launcher import merged
 from harness.ports import free_port
 from harness.pytest_tiers import close_after_last_use
+
+from .real_apps import RealApp, RealApps
+from .waits import wait_until
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -58,88 +53,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.section("reliability figures")
     for name, figures in FIGURES.items():
         terminalreporter.write_line(f"{name}: " + ", ".join(f"{key}={value}" for key, value in figures.items()))
-
-
-class RowsInThread(threading.Thread):
-    """Runs a Ray Data job (``job()`` returns its rows) in a thread, so that an async test can watch and disturb
-    the app meanwhile: ``rows`` fills as they arrive, ``failure`` holds what the job raised."""
-
-    def __init__(self, job: Callable[[], Iterable[dict[str, Any]]]) -> None:
-        super().__init__(daemon=True)
-        self.job = job
-        self.rows: list[dict[str, Any]] = []
-        self.failure: list[BaseException] = []
-
-    def run(self) -> None:
-        try:
-            self.rows.extend(self.job())
-        except BaseException as exc:  # the test asserts there is none
-            self.failure.append(exc)
-
-
-def wait_until(
-    condition: Callable[[], Any],
-    timeout: float,
-    what: str,
-    interval: float = 0.1,
-    detail: Callable[[], str] = lambda: "",
-) -> Any:
-    """:func:`wait_for` for code outside asyncio: poll ``condition()`` until it returns something truthy; fail
-    naming ``what`` (and ``detail()``, the state that explains it) after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{detail()}")
-        time.sleep(interval)
-    return value
-
-
-async def wait_for(condition, timeout: float, what: str, interval: float = 0.25) -> Any:
-    """Poll ``condition()`` (sync or async) until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
-def batcher_is(handle: Any, key: str, test) -> Any:
-    """An async condition for :func:`wait_for`: ``test(stats["batcher"][key])`` on the replica's stats."""
-
-    async def check() -> bool:
-        return bool(test((await handle.stats.remote())["batcher"][key]))
-
-    return check
-
-
-async def per_replica_stats(handle: Any, replicas: int, timeout: float = 30) -> dict[str, dict[str, Any]]:
-    """Each live replica's ``stats()``, by replica id (calls land on random replicas until all have answered)."""
-    seen: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout
-    while len(seen) < replicas:
-        assert time.monotonic() < deadline, f"only {len(seen)} of {replicas} replicas answered stats()"
-        stats = await handle.stats.remote()
-        seen[stats["replica"]["replica_id"]] = stats
-    return seen
-
-
-def completed(handle: Any) -> int:
-    """Prompts the (one) replica has answered so far."""
-    return handle.stats.remote().result()["batcher"]["total_completed"]
-
-
-def idle(handle: Any) -> None:
-    """Wait until the replica holds no request (a killed job's last requests still finish there)."""
-
-    async def check() -> bool:
-        return (await handle.stats.remote())["requests"]["ongoing"] == 0
-
-    asyncio.run(wait_for(check, 60, "the replica to finish the killed job's requests"))
 
 
 SERVE_CLIENT_POLL_S = 0.05
@@ -381,104 +294,6 @@ def deploy(deploy_app, apps):
 
 
 # -- The system tier: the real app and a real engine --------------------------------------------------------------
-
-RAY_HAPROXY_SIDE_PORTS = (8404, 9101)
-"""Ray's HAProxy's stats and metrics ports, fixed, on every interface: what a `make serve` running beside holds."""
-
-
-@contextlib.contextmanager
-def holding(ports: tuple[int, ...]) -> Iterator[None]:
-    """Listen on ``ports`` (on every interface, those that are free), as another Serve cluster's HAProxy would."""
-    with contextlib.ExitStack() as stack:
-        for port in ports:
-            sock = stack.enter_context(socket.socket())
-            with contextlib.suppress(OSError):  # taken already: by a real `make serve`, which holds it the same way
-                sock.bind(("", port))
-                sock.listen()
-        yield
-
-
-def embeddings_up(server: Server) -> bool:
-    """The embedding app, deployed beside the generation app, answers (until then its route is a 404)."""
-    import httpx
-
-    try:
-        return httpx.post(f"{server.url}/v1/embeddings", json={"input": "hi"}, timeout=30).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-class RealApp:
-    """`serve run serve_config.yaml` as a user starts it (only the HTTP port moved off 8000), on the bundled models."""
-
-    def __init__(self, server: Server) -> None:
-        self.server = server
-        self.url = server.url
-        # What a second terminal needs to reach this cluster: its dashboard (Serve's CLI talks to it), which
-        # `serve run` names on start-up (http://127.0.0.1:8265 unless another cluster holds that port), and the
-        # cluster's address, as a user with two clusters on one machine sets RAY_ADDRESS ("auto" would find both).
-        self.env = {**server.driver_env(), "RAY_DASHBOARD_ADDRESS": dashboard_address(server)}
-
-    def call(self, function: str, *args: Any, timeout_s: float = 300) -> Any:
-        """Run ``function`` (``"module:name"``, a function of JSON arguments that returns JSON) in a driver of this
-        app's cluster, a subprocess: its return value."""
-        module, name = function.split(":")
-        code = (
-            "import json, sys, importlib\n"
-            f"result = getattr(importlib.import_module({module!r}), {name!r})(*json.loads(sys.argv[1]))\n"
-            "print('RESULT ' + json.dumps(result))\n"
-        )
-        out = self.server.driver(code, json.dumps(args), timeout_s=timeout_s)
-        (line,) = [line for line in out.splitlines() if line.startswith("RESULT ")]
-        return json.loads(line.removeprefix("RESULT "))
-
-    def run_example(self, page: str, marker: str) -> str:
-        """Run the Python example of ``page`` (from the project's folder, e.g. ``docs/http.md``) that holds
-        ``marker``, as written but pointed at this app, as a user runs it beside ``make serve``: its output."""
-        text = (ROOT / page).read_text()
-        (example,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if marker in b]
-        example = example.replace("http://localhost:8000", self.url)
-        done = subprocess.run(
-            [sys.executable, "-c", example], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
-
-
-class RealApps:
-    """The session's real app: started when a test first needs it, again after a test that ended it."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.app: RealApp | None = None
-        self.starts = 0
-
-    def get(self) -> RealApp:
-        tiers.require("system", "the real app (serve run serve_config.yaml on vLLM)")
-        pytest.importorskip("vllm", reason="needs the cpu extra (make setup installs it)")
-        if self.app is None or self.app.server.exited():
-            self.close()
-            from serve_app.models import prepare
-
-            prepare()
-            self.starts += 1
-            workdir = self.workdir / f"run{self.starts}"
-            workdir.mkdir()
-            with holding(RAY_HAPROXY_SIDE_PORTS):  # the suite runs beside a `make serve` too
-                server = serve_run(workdir)
-                try:
-                    server.wait_ready(lambda s: healthy(s) and embeddings_up(s), SERVE_RUN_START_S)
-                except BaseException:
-                    server.stop()
-                    raise
-            self.app = RealApp(server)
-        return self.app
-
-    def close(self) -> None:
-        """Stop the app (what Ctrl-C does) and whatever of its cluster outlived it."""
-        if self.app is not None:
-            self.app.server.stop()
-            self.app = None
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,8 @@ import pytest
 from harness.stats import percentile
 from serve_app.serving.autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD, TokenAutoscalingPolicy, replica_load
 
-from .conftest import FIGURES, RowsInThread, per_replica_stats, wait_for
+from .conftest import FIGURES
+from .waits import RowsInThread, per_replica_stats, wait_for
 
 FAST_METRICS = {"metrics_interval_s": 1.0, "look_back_period_s": 3.0, "upscale_delay_s": 1.0, "downscale_delay_s": 8.0}
 """Serve's autoscaling loop, sped up for tests (shipped values: serve_config.yaml)."""

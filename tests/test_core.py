@@ -15,7 +15,7 @@ from serve_app.engines import GenerationDelta, GenerationResult, TokenLogprob, c
 from serve_app.errors import GenerationError, RequestError
 from serve_app.openai.common import SamplingFields
 
-from .conftest import wait_for
+from .waits import wait_for
 
 
 def core(**args) -> Generator:

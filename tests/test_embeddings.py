@@ -20,7 +20,8 @@ import httpx
 import numpy as np
 import pytest
 
-from .conftest import session_cluster, sized, wait_for
+from .conftest import session_cluster, sized
+from .waits import wait_for
 
 MODEL = "all-MiniLM-L6-v2"
 TEXT = "the model reads every token of a request and the batcher groups requests of similar length"

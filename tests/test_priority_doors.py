@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import wait_for
+from .waits import wait_for
 
 pytestmark = pytest.mark.serve
 

@@ -18,7 +18,8 @@ import pytest
 from harness.launcher import merged
 from harness.stats import percentile
 
-from .conftest import FIGURES, RowsInThread, batcher_is, per_replica_stats, sized, wait_for
+from .conftest import FIGURES, sized
+from .waits import RowsInThread, batcher_is, per_replica_stats, wait_for
 
 pytestmark = pytest.mark.serve
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.sample import write
-from tests.conftest import completed, idle, wait_until
+from tests.waits import completed, idle, wait_until
 
 pytestmark = pytest.mark.system  # Ray Data jobs, and drivers killed part way
 

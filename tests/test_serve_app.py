@@ -171,7 +171,8 @@ async def test_reconfigure_changes_batcher_knobs_live(serve_instance):
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
-    from .conftest import SIMULATED_DEFAULTS, wait_for
+    from .conftest import SIMULATED_DEFAULTS
+    from .waits import wait_for
 
     client = serve.context._get_global_client()
     args = merged(SIMULATED_DEFAULTS, {"autoscaling": {"min_replicas": 1, "max_replicas": 1}})
@@ -214,7 +215,8 @@ async def test_replica_shutdown_drains_queued_requests(serve_instance):
 
     from serve_app.app import build_app
 
-    from .conftest import SIMULATED_DEFAULTS, wait_for
+    from .conftest import SIMULATED_DEFAULTS
+    from .waits import wait_for
 
     args = merged(SIMULATED_DEFAULTS, {"simulated": {"step_s": 1.0}, "batcher": {"max_inflight": 4}})
     handle = serve.run(build_app(args), name="drain", route_prefix="/drain")

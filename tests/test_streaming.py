@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from .conftest import wait_for
+from .waits import wait_for
 
 pytestmark = pytest.mark.serve
 
