@@ -21,7 +21,7 @@ completions of 20-60 tokens with ``max_tokens`` 1, ``echo`` and ``logprobs``, 8 
 latency and the serving layer's CPU per request.
 
     python -m benchmarks.fast_engine [--quick] [--rounds 2] [--concurrency 64 256 1024] [--output-len 256]
-                                     [--peers app vllm vllm-all-cores] [--backends openai openai-chat]
+                                     [--peers app vllm vllm-all-cores app-paced] [--backends openai openai-chat]
                                      [--scoring-requests 200]
 """
 
@@ -36,7 +36,7 @@ from typing import Any
 from ..lib.report import RESULTS, table
 from ..lib.report import page as report_page
 from ..serving.client import BACKENDS
-from .runs import CONCURRENCY, OUTPUT_LEN, PEERS, SCORING, measure
+from .runs import CHOICES, CONCURRENCY, OUTPUT_LEN, PEERS, SCORING, measure
 from .scoring import REQUESTS
 
 COLUMNS = [
@@ -120,7 +120,9 @@ def page(out: dict[str, Any], minutes: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fast_engine", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="64 streams, output 128, one round: a smoke run")
-    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
+    parser.add_argument(
+        "--peers", nargs="+", choices=CHOICES, default=list(PEERS), help="app-paced: the app with its streams paced"
+    )
     parser.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
     parser.add_argument("--concurrency", nargs="+", type=int, default=None, help=f"default: {CONCURRENCY}")
     parser.add_argument("--rounds", type=int, default=None, help="default: 2 (1 with --quick)")

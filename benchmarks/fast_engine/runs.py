@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.launcher import merged
 from harness.vllm_bench import ClientFailed, bench_serve
 
 from ..lib.peers import DTYPE, MODEL_NAME
@@ -25,6 +26,11 @@ from .scoring import REQUESTS as SCORING_REQUESTS
 from .scoring import prompts, score
 
 PEERS = ("app", "vllm", "vllm-all-cores")
+PACED = "app-paced"
+PACED_INTERVAL_S = 0.03
+"""``app-paced`` (not run unless named): the app with ``batcher.stream_interval_s`` at this, each stream at most one
+chunk per 30 ms (off in the shipped config)."""
+CHOICES = (*PEERS, PACED)
 INPUT_LEN, OUTPUT_LEN = 128, 256
 CONCURRENCY = (64, 256, 1024)
 PROMPTS_PER_SLOT = 2
@@ -110,6 +116,14 @@ def run_status(failed: int, errors: list[str]) -> str:
     return "ok" if failed == 0 else f"{failed} failed: {'; '.join(errors)[:300]}"
 
 
+def started_as(peer: str, fleet: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """What :func:`~benchmarks.serving.peers.running` starts for ``peer``, and the app's args over ``fleet``:
+    ``app-paced`` is the app with its streams paced."""
+    if peer == PACED:
+        return "app", merged(fleet, {"batcher": {"stream_interval_s": PACED_INTERVAL_S}})
+    return peer, fleet
+
+
 def measure(
     peers: tuple[str, ...] = PEERS,
     backends: tuple[str, ...] = tuple(BACKENDS),
@@ -133,8 +147,9 @@ def measure(
                 workdir.mkdir()
                 print(f"[fast_engine] round {rnd}: starting {peer}", file=sys.stderr, flush=True)
                 done: set[tuple[str, int]] = set()
+                kind, args = started_as(peer, fleet)
                 try:
-                    with running(peer, folder, workdir, 900, fleet=fleet) as (url, startup_s, marker):
+                    with running(kind, folder, workdir, 900, fleet=args) as (url, startup_s, marker):
                         for backend, c in loads:
                             if backend == SCORING:
                                 status, metrics = measure_scoring(url, marker, texts)

@@ -14,8 +14,19 @@ import pytest
 from benchmarks.fast_engine.cli import page
 from benchmarks.fast_engine.cpu import ROLES, Sampler, role, snapshot, spent
 from benchmarks.fast_engine.model import TINY, make_tiny_model
-from benchmarks.fast_engine.runs import SCORING, add_ratios, row, run_status, serving_cpu, summary
+from benchmarks.fast_engine.runs import (
+    PACED,
+    PACED_INTERVAL_S,
+    SCORING,
+    add_ratios,
+    row,
+    run_status,
+    serving_cpu,
+    started_as,
+    summary,
+)
 from benchmarks.fast_engine.scoring import PROMPT_TOKENS, body, prompts
+from serve_app.config import AppConfig
 from serve_app.engines.procs import CLOCK_TICKS
 
 
@@ -214,3 +225,12 @@ def config() -> dict:
         "output_len": 256,
         "prompts_per_slot": 2,
     }
+
+
+def test_the_paced_peer_is_the_app_with_its_streams_paced():
+    fleet = {"model": "/tiny", "served_model_name": "tiny"}
+    assert started_as("app", fleet) == ("app", fleet) and started_as("vllm", fleet) == ("vllm", fleet)
+    kind, args = started_as(PACED, fleet)
+    assert kind == "app" and args["model"] == "/tiny" and fleet == {"model": "/tiny", "served_model_name": "tiny"}
+    config = AppConfig.model_validate({"engine": "simulated", "batcher": args["batcher"]})  # a setting the app takes
+    assert config.batcher.stream_interval_s == PACED_INTERVAL_S > 0
