@@ -64,8 +64,8 @@ class RecordStream(Generic[ResultT]):
         self._buffer.append(item)
         if self._pacing and item is not _END and not isinstance(item, _Failure):
             return
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if self._waiter is not None:
+            _wake(self._waiter)
 
     def _end(self, error: BaseException | None = None) -> None:
         if not self._ended:
