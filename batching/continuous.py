@@ -134,6 +134,11 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             takes no more until it has left and the record takes its place, while the others go on. Records of
             no group are not counted. Default: no groups.
         max_groups: see ``group_fn``; None (default): no limit.
+        on_deck: with ``max_groups``, the group a group drains for goes in at once, one beyond ``max_groups``,
+            to wait inside the engine for the draining group's place: an engine that queues what it cannot run
+            yet (vLLM's scheduler holds a request of another adapter until a LoRA slot frees) starts it in the
+            step the place frees, not a step or two later when this queue has seen the last record leave.
+            Default off: the engine sees at most ``max_groups`` groups.
         prefix_fn: ``(record) -> keys``, the keys of its prompt's leading blocks, each naming its block and
             every block before it (as vLLM's prefix cache keys its KV blocks), each block costing ``block_cost``
             of its cost. A block that a record in flight holds already costs nothing more: records sharing a
@@ -181,6 +186,7 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         tenant_fn: Callable[[RecordT], Hashable | None] | None = None,
         group_fn: Callable[[RecordT], Hashable | None] | None = None,
         max_groups: int | None = None,
+        on_deck: bool = False,
         prefix_fn: Callable[[RecordT], Sequence[Hashable]] | None = None,
         block_cost: int = 1,
         coalesce_fn: Callable[[ResultT, ResultT], ResultT | None] | None = None,
@@ -202,6 +208,8 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         self._group_fn = group_fn
         self._max_groups = None if max_groups is None else positive_int("max_groups", max_groups)
         self._groups = {}
+        self._on_deck = bool(on_deck)
+        self._draining = None
         self._prefix_fn = prefix_fn
         self._block_cost = positive_int("block_cost", block_cost)
         self._held = {}

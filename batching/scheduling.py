@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from itertools import islice
 from operator import attrgetter
 from typing import Any
@@ -49,6 +49,8 @@ class RecordScheduler(BaseBatcher):
     _running: set[Ticket]
     _max_groups: int | None  # most distinct groups in flight at once
     _groups: dict[Any, int]  # records in flight by group (None: none)
+    _on_deck: bool  # the group a group drains for may enter before that one has left
+    _draining: tuple[Any, Any] | None  # (the group draining, the group it drains for) while one drains
     _block_cost: int  # what one of a record's prefix blocks costs
     _held: dict[Any, int]  # prefix blocks held by records in flight: how many of them hold each
     _inflight_cost: int
@@ -106,19 +108,22 @@ class RecordScheduler(BaseBatcher):
         return min(ticket.cost, count * self._block_cost)
 
     def _group_fits(self, ticket: Ticket) -> bool:
-        """Whether ``ticket``'s group may run now: it has none, its group is in flight already, or fewer than
-        ``max_groups`` groups are."""
+        """Whether ``ticket``'s group may run now: it has none; or it is not draining, and it is in flight
+        already, fewer than ``max_groups`` groups are, or (``on_deck``) it is the group one drains for."""
         group, most = ticket.group, self._max_groups
-        return group is None or most is None or group in self._groups or len(self._groups) < most
+        if group is None or most is None:
+            return True
+        drain = self._draining
+        if drain is not None and group == drain[0]:
+            return False
+        return group in self._groups or len(self._groups) < most or (drain is not None and group == drain[1])
 
-    def _passing(self, waiting: Ticket, candidates: Iterable[Ticket]) -> Ticket | None:
-        """The first of ``candidates`` that may start before ``waiting``, whose group must wait for another to leave:
-        its group fits, and, once ``waiting`` has waited ``max_wait_s``, it is not of the group in flight with the
-        fewest records, which then drains for ``waiting`` while the others go on."""
-        drain = None
-        if self._clock() - waiting.enqueued_at >= self._max_wait:
-            drain = min(self._groups, key=self._groups.__getitem__)  # groups are full: never empty here
-        return next((t for t in candidates if self._group_fits(t) and (drain is None or t.group != drain)), None)
+    def _start_drain(self, waiting: Ticket) -> None:
+        """Once ``waiting``, whose group must wait for another to leave, has waited ``max_wait_s``: the group in
+        flight with the fewest records takes no more until it has left (one drain at a time)."""
+        if self._draining is None and self._clock() - waiting.enqueued_at >= self._max_wait:
+            leaving = min(self._groups, key=self._groups.__getitem__)  # groups are full: never empty here
+            self._draining = (leaving, waiting.group if self._on_deck else None)
 
     @property
     def _capped(self) -> bool:
@@ -163,7 +168,7 @@ class RecordScheduler(BaseBatcher):
         holds back (one of a lower priority that aging put first) does not hold back the higher priorities the
         cap keeps room for: the best of those is chosen instead. Nor does one whose group must wait for another to
         leave (``max_groups``) hold back the records of groups in flight behind it; once it has waited
-        ``max_wait_s``, the group in flight with the fewest records drains for it (see :meth:`_passing`)."""
+        ``max_wait_s``, the group in flight with the fewest records drains for it (see :meth:`_start_drain`)."""
         above: int | None = None
         while True:
             candidates = self._queue.candidates(self._clock, above)
@@ -175,7 +180,9 @@ class RecordScheduler(BaseBatcher):
             else:
                 ticket = min(islice(candidates, self._lookahead), key=_cost)  # ties: the older one
             if not self._group_fits(ticket):
-                ticket = self._passing(ticket, candidates) or ticket
+                self._start_drain(ticket)
+                if not self._group_fits(ticket):  # others pass it, except a draining group's records
+                    ticket = next((t for t in candidates if self._group_fits(t)), ticket)
             if self._capped and self._running and not self._within_share(ticket):
                 above = ticket.priority
                 continue
@@ -225,6 +232,8 @@ class RecordScheduler(BaseBatcher):
                 self._groups[group] = left
             else:
                 del self._groups[group]
+                if self._draining is not None and group == self._draining[0]:
+                    self._draining = None
         held = self._held
         for key in ticket.blocks:
             left = held[key] - 1

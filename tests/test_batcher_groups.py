@@ -1,6 +1,7 @@
 """The continuous batcher's groups (``group_fn``, ``max_groups``: an engine's LoRA adapters, of which it runs a few
 at once): at most ``max_groups`` groups in flight; a record whose group must wait is passed by records of groups in
-flight; once it has waited ``max_wait_s``, the group in flight with the fewest records drains for it. On a fake
+flight; once it has waited ``max_wait_s``, the group in flight with the fewest records drains for it (and with
+``on_deck`` the waiting group goes in at once, to wait inside the engine for the draining group's place). On a fake
 engine, and the generation core on the simulated one (``lora.max_loaded``); no Ray."""
 
 from __future__ import annotations
@@ -86,6 +87,33 @@ async def test_once_it_waited_max_wait_s_the_smallest_group_drains_for_it_and_th
             engine.release(*held)
         await asyncio.gather(*futures)
     assert engine.started.index("C-1") < engine.started.index("B-2")
+
+
+async def test_on_deck_the_group_a_group_drains_for_goes_in_at_once_and_the_drain_holds_until_it_left():
+    engine = FakeEngine()
+    names = ["A-1", "B-1", "C-1", "A-2", "D-1", "B-2", "C-2"]
+    async with ContinuousBatcher(
+        engine.generate, group_fn=group, max_groups=2, max_wait_s=0.01, on_deck=True
+    ) as batcher:
+        futures = [batcher.submit_nowait(Req(name, 1, hold=True)) for name in names[:3]]
+        try:
+            await until(lambda: engine.started == ["A-1", "B-1"])
+            await asyncio.sleep(0.02)  # C-1 has now waited past max_wait_s: A drains for it, C goes in on deck
+            futures += [batcher.submit_nowait(Req(name, 1, hold=True)) for name in names[3:]]
+            await until(lambda: "C-2" in engine.started)
+            await ticks(20)
+            assert engine.started == ["A-1", "B-1", "C-1", "B-2", "C-2"]  # A takes no more; D waits: one on deck
+            await asyncio.sleep(0.02)  # A-2 and D-1 have waited past max_wait_s too: one drain at a time
+            await ticks(20)
+            assert len(engine.started) == 5
+            engine.release("A-1")  # A has left: A-2, first in the queue, is the next on deck (B drains for it)
+            await until(lambda: "A-2" in engine.started)
+            await ticks(20)
+            assert "D-1" not in engine.started
+        finally:
+            engine.release(*names)
+        await asyncio.gather(*futures)
+    assert engine.started.index("D-1") > engine.started.index("A-2")
 
 
 async def test_without_max_groups_groups_do_not_limit_admission():

@@ -87,9 +87,9 @@ class Generator(Core[AppConfig, BatcherSettings]):
             engine.kv_cache_tokens(), engine.max_running(), engine.low_priority_step_tokens()
         )
         self.budget = kwargs["max_inflight_cost"]
-        lora = self.config.lora  # an engine runs at most max_loaded adapters at once: the rest wait in our queue
-        if lora is not None:
-            kwargs.update(group_fn=adapter_of, max_groups=lora.max_loaded)
+        lora = self.config.lora  # an engine runs at most max_loaded adapters at once: the rest wait in our queue,
+        if lora is not None:  # but for the one a draining adapter makes room for, which waits in the engine's
+            kwargs.update(group_fn=adapter_of, max_groups=lora.max_loaded, on_deck=True)
         size = engine.prefix_block_size() if settings.shared_prefixes else None
         if size:  # a shared prompt's blocks count once, as the engine's prefix cache holds them once
             kwargs.update(prefix_fn=lambda request: request.prefix_blocks(size), block_cost=size)
