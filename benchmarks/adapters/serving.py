@@ -6,7 +6,7 @@ own id, loaded and evicted on its own). ``vllm bench serve`` picks one at random
 as its users start it (LoRA on every module it can) and, the stronger configuration, on the modules the adapter
 targets (``--lora-target-modules``, what the app's ``target_modules: auto`` does).
 
-    python -m benchmarks.adapters serving [--rounds 1] [--prompts 48] [--concurrency 16]
+    python -m benchmarks.adapters serving [--rounds 1] [--prompts 48] [--concurrency 16] [--peers app vllm ...]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ COLUMNS = [
     ("failed", "failed", ""),
     ("output_tok_s", "output tok/s", ",.1f"),
     ("tput_vs_vllm", "x vllm", ".2f"),
+    ("tput_vs_vllm-targets", "x vllm-targets", ".2f"),
     ("ttft_p50_ms", "TTFT p50 ms", ",.0f"),
     ("ttft_p99_ms", "TTFT p99 ms", ",.0f"),
 ]
@@ -65,7 +66,7 @@ def client_argv(url: str, folder: Path, prompts: int, concurrency: int) -> list[
     ]
 
 
-def measure(rounds: int, prompts: int, concurrency: int) -> list[dict[str, Any]]:
+def measure(peers: list[str], rounds: int, prompts: int, concurrency: int) -> list[dict[str, Any]]:
     from serve_app.adapters import adapter_path, prepare
     from serve_app.models import bundled_path
 
@@ -74,7 +75,7 @@ def measure(rounds: int, prompts: int, concurrency: int) -> list[dict[str, Any]]
     settings = peer_settings(adapter_path())
     with tempfile.TemporaryDirectory(prefix="adapters-serving-") as tmp:
         for k in range(rounds):
-            for peer in PEERS[k % len(PEERS) :] + PEERS[: k % len(PEERS)]:  # each first in turn
+            for peer in peers[k % len(peers) :] + peers[: k % len(peers)]:  # each first in turn
                 workdir = Path(tmp) / f"{peer}-{k}"
                 workdir.mkdir()
                 print(f"[adapters] round {k}: {peer}", file=sys.stderr, flush=True)
@@ -93,19 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     args = parser.parse_args(argv)
     started = time.time()
-    rows = measure(args.rounds, args.prompts, args.concurrency)
+    rows = measure(args.peers, args.rounds, args.prompts, args.concurrency)
     good = [r for r in rows if "error" not in r]
-    base = {r["round"]: r["output_tok_s"] for r in good if r["peer"] == "vllm"}
     summary = []
     for peer in PEERS:
         mine = [r for r in good if r["peer"] == peer]
         if not mine:
             continue
         row = {k: statistics.median(r[k] for r in mine) for k in ("output_tok_s", "ttft_p50_ms", "ttft_p99_ms")}
-        ratios = [r["output_tok_s"] / base[r["round"]] for r in mine if r["round"] in base]
-        row["tput_vs_vllm"] = statistics.median(ratios) if ratios else float("nan")
+        for other in PEERS[1:]:  # each vLLM peer's tok/s in the same round
+            base = {r["round"]: r["output_tok_s"] for r in good if r["peer"] == other}
+            ratios = [r["output_tok_s"] / base[r["round"]] for r in mine if r["round"] in base]
+            row[f"tput_vs_{other}"] = statistics.median(ratios) if ratios else float("nan")
         summary.append({"peer": peer, "rounds": len(mine), "failed": sum(r["failed"] for r in mine), **row})
     errors = [f"- {r['peer']} round {r['round']}: {r['error']}" for r in rows if "error" in r]
     page = (
@@ -113,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         f"The bundled model; four adapters (the bundled one under four names), {SLOTS} loaded at once, rank up to "
         f"{RANK}; `vllm bench serve`: {args.prompts} completions, input {INPUT_LEN} tokens, output exactly "
         f"{OUTPUT_LEN}, streamed, {args.concurrency} at once, each naming one of the four at random; each peer alone "
-        "on the CPU, started afresh in each round. `x vllm`: the median of the per-round ratios.\n\n"
+        "on the CPU, started afresh in each round. `x vllm`, `x vllm-targets`: the median of the per-round ratios to "
+        "vLLM's server as its users start it and on the adapter's modules.\n\n"
         f"{table(summary, COLUMNS)}\n\n"
         + ("\n".join(errors) + "\n\n" if errors else "")
         + f"{stamp((time.time() - started) / 60)}\n"
