@@ -120,9 +120,15 @@ class RecordScheduler(BaseBatcher):
 
     def _start_drain(self, waiting: Ticket) -> None:
         """Once ``waiting``, whose group must wait for another to leave, has waited ``max_wait_s``: the group in
-        flight with the fewest records takes no more until it has left (one drain at a time)."""
+        flight that leaves soonest takes no more until it has left (one drain at a time). Soonest: its longest
+        record may still add the fewest tokens (``growth`` less what it produced); ties, the fewest records."""
         if self._draining is None and self._clock() - waiting.enqueued_at >= self._max_wait:
-            leaving = min(self._groups, key=self._groups.__getitem__)  # groups are full: never empty here
+            left: dict[Any, int] = {}
+            for ticket in self._running:
+                if ticket.group is not None:
+                    left[ticket.group] = max(left.get(ticket.group, 0), ticket.held()[1])
+            groups = self._groups  # full here: never empty
+            leaving = min(groups, key=lambda group: (left.get(group, 0), groups[group]))
             self._draining = (leaving, waiting.group if self._on_deck else None)
 
     @property

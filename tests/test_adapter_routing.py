@@ -104,14 +104,15 @@ async def test_skewed_requests_for_four_adapters_load_them_far_less_often_with_t
     assert scored <= 4 and without >= 8 * scored, (without, scored)  # each adapter settles on one replica
 
 
-def adapter_core(named: str = "wxyz") -> Generator:
+def adapter_core(named: str = "wxyz", queue: bool = False) -> Generator:
     """The generation core on the simulated engine, its settings naming an adapter for each letter of ``named``
-    (each the bundled one), two at once."""
+    (each the bundled one), two at once; ``queue``: ``lora.queue_adapters``."""
+    adapters = {name: "bundled" for name in named}
     return Generator(
         AppConfig(
             engine="simulated",
             simulated={"step_s": 0.001},
-            lora={"adapters": {name: "bundled" for name in named}, "max_loaded": 2},
+            lora={"adapters": adapters, "max_loaded": 2, "queue_adapters": queue},
         )
     )
 

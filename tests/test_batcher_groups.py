@@ -130,9 +130,14 @@ def test_max_groups_and_group_fn_are_checked():
         ContinuousBatcher(FakeEngine().generate, group_fn="adapter", max_groups=2)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("named", ["wxyz", "w"])  # all four in the settings; or one, and three loaded at run time
-async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at_once(named):
-    generator = adapter_core(named)
+@pytest.mark.parametrize(
+    "named, queue",
+    [("wxyz", True), ("w", True), ("wxyz", False)],  # all four in the settings; or one, three loaded at run time
+)
+async def test_with_queue_adapters_the_generator_lets_max_loaded_adapters_into_the_engine(named, queue):
+    """``lora.queue_adapters``: the other two wait in the batcher's queue; off, all four go in and the engine's
+    scheduler holds the two it cannot run yet (the simulated engine runs two a step, as vLLM's)."""
+    generator = adapter_core(named, queue)
     await generator.start()
     await generator.set_runtime_adapters({name: "bundled" for name in "xyz"})  # no change where they are named
     inside: list[str | None] = []
@@ -153,6 +158,7 @@ async def test_the_generator_lets_at_most_max_loaded_adapters_into_the_engine_at
     try:
         results = await generator.complete(await naming(generator, [*"wxyzw", None], max_tokens=8))
         assert [r.text.split("]")[0] for r in results[:5]] == [f"[simulated {name}" for name in "wxyzw"]
-        assert most == 2  # every slot in use (adapters loaded at run time too); the other two waited in the queue
+        assert most == (2 if queue else 4)  # every slot in use (adapters loaded at run time too); with the queue,
+        # the other two waited in it (none waited max_wait_s, so none went on deck)
     finally:
         await generator.stop()

@@ -63,7 +63,15 @@ class LoraSettings(Strict):
         2,
         ge=1,
         description="adapters an engine holds at once (vLLM's max_loras); others wait in CPU memory, and requests "
-        "for them wait in the batcher's queue until one of those running has no request left there",
+        "for them wait in vLLM's scheduler until one of those running has no request left (see `queue_adapters`)",
+    )
+    queue_adapters: bool = Field(
+        False,
+        description="admission counts adapters: at most `max_loaded` run at once, and requests for another one "
+        "wait in the batcher's queue, where priorities and fair share apply, until one of those running drains "
+        "for them (a bounded wait; the adapter on deck waits in vLLM's scheduler meanwhile). Off: vLLM's "
+        "scheduler holds them, as vLLM's server does, which made more tokens on the bundled model "
+        "(docs/fleet.md)",
     )
     max_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = Field(
         16, description="the largest adapter rank (vLLM's max_lora_rank, one of its sizes)"

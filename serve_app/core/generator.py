@@ -88,7 +88,7 @@ class Generator(Core[AppConfig, BatcherSettings]):
         )
         self.budget = kwargs["max_inflight_cost"]
         lora = self.config.lora  # an engine runs at most max_loaded adapters at once: the rest wait in our queue,
-        if lora is not None:  # but for the one a draining adapter makes room for, which waits in the engine's
+        if lora is not None and lora.queue_adapters:  # but for the one a draining adapter makes room for
             kwargs.update(group_fn=adapter_of, max_groups=lora.max_loaded, on_deck=True)
         size = engine.prefix_block_size() if settings.shared_prefixes else None
         if size:  # a shared prompt's blocks count once, as the engine's prefix cache holds them once
