@@ -130,9 +130,10 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             distinct groups are in flight at once: an LLM engine's LoRA adapters, of which it runs at most a few
             in one step (vLLM's ``max_loras``; a request of another adapter waits inside the engine, out of this
             queue's order, for one to leave). A record whose group must wait is passed by the records of groups
-            in flight behind it; once it has waited ``max_wait_s``, the group in flight with the fewest records
-            takes no more until it has left and the record takes its place, while the others go on. Records of
-            no group are not counted. Default: no groups.
+            in flight behind it; once it has waited ``max_wait_s``, the group in flight that leaves soonest (the
+            fewest tokens its longest record may still add; ties, the fewest records) takes no more until it has
+            left and the record takes its place, while the others go on. Records of no group are not counted.
+            Default: no groups.
         max_groups: see ``group_fn``; None (default): no limit.
         on_deck: with ``max_groups``, the group a group drains for goes in at once, one beyond ``max_groups``,
             to wait inside the engine for the draining group's place: an engine that queues what it cannot run

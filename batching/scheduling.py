@@ -174,7 +174,7 @@ class RecordScheduler(BaseBatcher):
         holds back (one of a lower priority that aging put first) does not hold back the higher priorities the
         cap keeps room for: the best of those is chosen instead. Nor does one whose group must wait for another to
         leave (``max_groups``) hold back the records of groups in flight behind it; once it has waited
-        ``max_wait_s``, the group in flight with the fewest records drains for it (see :meth:`_start_drain`)."""
+        ``max_wait_s``, the group in flight that leaves soonest drains for it (see :meth:`_start_drain`)."""
         above: int | None = None
         while True:
             candidates = self._queue.candidates(self._clock, above)

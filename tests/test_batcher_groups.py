@@ -1,6 +1,6 @@
 """The continuous batcher's groups (``group_fn``, ``max_groups``: an engine's LoRA adapters, of which it runs a few
 at once): at most ``max_groups`` groups in flight; a record whose group must wait is passed by records of groups in
-flight; once it has waited ``max_wait_s``, the group in flight with the fewest records drains for it (and with
+flight; once it has waited ``max_wait_s``, the group in flight that leaves soonest drains for it (and with
 ``on_deck`` the waiting group goes in at once, to wait inside the engine for the draining group's place). On a fake
 engine, and the generation core on the simulated one (``lora.max_loaded``); no Ray."""
 
@@ -87,6 +87,29 @@ async def test_once_it_waited_max_wait_s_the_smallest_group_drains_for_it_and_th
             engine.release(*held)
         await asyncio.gather(*futures)
     assert engine.started.index("C-1") < engine.started.index("B-2")
+
+
+async def test_the_group_that_leaves_soonest_drains_not_the_one_with_fewest_records():
+    engine = FakeEngine()
+    held = ["A-1", "B-1", "B-2", "C-1"]
+    costs = {"A-1": 100}  # A's one record may still add 99 tokens; B's two, 4 each
+    async with ContinuousBatcher(
+        engine.generate, group_fn=group, max_groups=2, max_wait_s=0.01, growth_estimator=lambda req: req.cost
+    ) as batcher:
+        futures = [batcher.submit_nowait(Req(name, costs.get(name, 5), hold=True)) for name in held]
+        try:
+            await until(lambda: engine.started == ["A-1", "B-1", "B-2"])
+            await asyncio.sleep(0.02)  # C-1 has now waited past max_wait_s: B drains for it
+            futures += [batcher.submit_nowait(Req(name, 5)) for name in ("B-3", "A-2")]
+            await until(lambda: "A-2" in engine.started)  # A goes on
+            await ticks(20)
+            assert "B-3" not in engine.started
+            engine.release("B-1", "B-2")
+            await until(lambda: "C-1" in engine.started)
+        finally:
+            engine.release(*held)
+        await asyncio.gather(*futures)
+    assert engine.started.index("C-1") < engine.started.index("B-3")
 
 
 async def test_on_deck_the_group_a_group_drains_for_goes_in_at_once_and_the_drain_holds_until_it_left():

@@ -6,7 +6,7 @@ own id, loaded and evicted on its own). ``vllm bench serve`` picks one at random
 as its users start it (LoRA on every module it can) and, the stronger configuration, on the modules the adapter
 targets (``--lora-target-modules``, what the app's ``target_modules: auto`` does).
 
-    python -m benchmarks.adapters serving [--rounds 1] [--prompts 48] [--concurrency 16] [--peers app vllm ...]
+    python -m benchmarks.adapters serving [--rounds 1] [--prompts 96] [--concurrency 16] [--peers app vllm ...]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def measure(peers: list[str], rounds: int, prompts: int, concurrency: int) -> li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.adapters serving", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--prompts", type=int, default=48)
+    parser.add_argument("--prompts", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     args = parser.parse_args(argv)

@@ -61,7 +61,7 @@ class ContinuousSettings(QueueSettings):
         ge=0.0,
         description="order `length_aware`: a request waiting this long goes next; with `lora`, a request whose "
         "adapter must wait is passed by requests of running adapters, and once it has waited this, the running "
-        "adapter with the fewest requests takes no more until it has left",
+        "adapter that leaves soonest takes no more until it has left (`lora.queue_adapters`)",
     )
     peak_estimate: bool = Field(
         False, description="admit on LightLLM's estimate of the peak KV use of what runs instead of final sizes"
