@@ -87,8 +87,8 @@ class Generator(Core[AppConfig, BatcherSettings]):
             engine.kv_cache_tokens(), engine.max_running(), engine.low_priority_step_tokens()
         )
         self.budget = kwargs["max_inflight_cost"]
-        lora = self.config.lora  # an engine runs at most max_loaded adapters at once: the rest wait in our queue,
-        if lora is not None and lora.queue_adapters:  # but for the one a draining adapter makes room for
+        lora = self.config.lora  # queue_adapters: at most max_loaded adapters in the engine, plus the one on deck;
+        if lora is not None and lora.queue_adapters:  # otherwise vLLM's scheduler holds what has no slot yet
             kwargs.update(group_fn=adapter_of, max_groups=lora.max_loaded, on_deck=True)
         size = engine.prefix_block_size() if settings.shared_prefixes else None
         if size:  # a shared prompt's blocks count once, as the engine's prefix cache holds them once
