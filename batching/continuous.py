@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequen
 from typing import Any, Generic, Literal
 
 from .base import positive_int
+from .groups import GroupLimit
 from .intake import RecordIntake
 from .protocols import CostEstimatorFn, RecordT, ResultT
 from .record_stream import RecordStream
@@ -207,10 +208,7 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
         self._priority_fn = priority_fn
         self._tenant_fn = tenant_fn
         self._group_fn = group_fn
-        self._max_groups = None if max_groups is None else positive_int("max_groups", max_groups)
-        self._groups = {}
-        self._on_deck = bool(on_deck)
-        self._draining = None
+        self._groups = GroupLimit(None if max_groups is None else positive_int("max_groups", max_groups), bool(on_deck))
         self._prefix_fn = prefix_fn
         self._block_cost = positive_int("block_cost", block_cost)
         self._held = {}

@@ -47,7 +47,7 @@ class RecordIntake(RecordScheduler):
     def _growth_of(self, record: Any, cost: int) -> int:
         """Tokens it may add while it runs (what the peak estimate, the step budget and the choice of a group to
         drain need; 0 when none is on)."""
-        if not self._peak and self._step_budget is None and self._max_groups is None:
+        if not self._peak and self._step_budget is None and self._groups.most is None:
             return 0
         if self._growth_estimator is not None:
             growth = check_cost(self._growth_estimator(record), "growth_estimator")

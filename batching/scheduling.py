@@ -15,6 +15,7 @@ from typing import Any
 
 from .base import BaseBatcher
 from .errors import BatchCancelledError, BatcherStoppedError
+from .groups import GroupLimit
 from .priorities import TicketQueue
 from .record_stream import RecordStream
 from .recorders import AdmissionRecorder
@@ -47,10 +48,7 @@ class RecordScheduler(BaseBatcher):
     _share_hold: float  # share_hold_s
     _share_timer: asyncio.TimerHandle | None  # a pump due when a share hold ends
     _running: set[Ticket]
-    _max_groups: int | None  # most distinct groups in flight at once
-    _groups: dict[Any, int]  # records in flight by group (None: none)
-    _on_deck: bool  # the group a group drains for may enter before that one has left
-    _draining: tuple[Any, Any] | None  # (the group draining, the group it drains for) while one drains
+    _groups: GroupLimit  # max_groups: the groups in flight, and the drain under way
     _block_cost: int  # what one of a record's prefix blocks costs
     _held: dict[Any, int]  # prefix blocks held by records in flight: how many of them hold each
     _inflight_cost: int
@@ -89,7 +87,7 @@ class RecordScheduler(BaseBatcher):
             return True  # an idle engine takes anything, even a record costlier than the whole budget
         if len(self._running) >= self._max_inflight:
             return False
-        if not self._group_fits(ticket):
+        if not self._groups.fits(ticket.group):
             return False
         if self._capped and not self._within_share(ticket):
             return False
@@ -106,30 +104,6 @@ class RecordScheduler(BaseBatcher):
                 break
             count += 1
         return min(ticket.cost, count * self._block_cost)
-
-    def _group_fits(self, ticket: Ticket) -> bool:
-        """Whether ``ticket``'s group may run now: it has none; or it is not draining, and it is in flight
-        already, fewer than ``max_groups`` groups are, or (``on_deck``) it is the group one drains for."""
-        group, most = ticket.group, self._max_groups
-        if group is None or most is None:
-            return True
-        drain = self._draining
-        if drain is not None and group == drain[0]:
-            return False
-        return group in self._groups or len(self._groups) < most or (drain is not None and group == drain[1])
-
-    def _start_drain(self, waiting: Ticket) -> None:
-        """Once ``waiting``, whose group must wait for another to leave, has waited ``max_wait_s``: the group in
-        flight that leaves soonest takes no more until it has left (one drain at a time). Soonest: its longest
-        record may still add the fewest tokens (``growth`` less what it produced); ties, the fewest records."""
-        if self._draining is None and self._clock() - waiting.enqueued_at >= self._max_wait:
-            left: dict[Any, int] = {}
-            for ticket in self._running:
-                if ticket.group is not None:
-                    left[ticket.group] = max(left.get(ticket.group, 0), ticket.held()[1])
-            groups = self._groups  # full here: never empty
-            leaving = min(groups, key=lambda group: (left.get(group, 0), groups[group]))
-            self._draining = (leaving, waiting.group if self._on_deck else None)
 
     @property
     def _capped(self) -> bool:
@@ -174,7 +148,7 @@ class RecordScheduler(BaseBatcher):
         holds back (one of a lower priority that aging put first) does not hold back the higher priorities the
         cap keeps room for: the best of those is chosen instead. Nor does one whose group must wait for another to
         leave (``max_groups``) hold back the records of groups in flight behind it; once it has waited
-        ``max_wait_s``, the group in flight that leaves soonest drains for it (see :meth:`_start_drain`)."""
+        ``max_wait_s``, the group in flight that leaves soonest drains for it (:class:`~.groups.GroupLimit`)."""
         above: int | None = None
         while True:
             candidates = self._queue.candidates(self._clock, above)
@@ -185,10 +159,12 @@ class RecordScheduler(BaseBatcher):
                 ticket = head
             else:
                 ticket = min(islice(candidates, self._lookahead), key=_cost)  # ties: the older one
-            if not self._group_fits(ticket):
-                self._start_drain(ticket)
-                if not self._group_fits(ticket):  # others pass it, except a draining group's records
-                    ticket = next((t for t in candidates if self._group_fits(t)), ticket)
+            groups = self._groups
+            if not groups.fits(ticket.group):
+                if self._clock() - ticket.enqueued_at >= self._max_wait:
+                    groups.start_drain(ticket.group, self._running)
+                if not groups.fits(ticket.group):  # others pass it, except a draining group's records
+                    ticket = next((t for t in candidates if groups.fits(t.group)), ticket)
             if self._capped and self._running and not self._within_share(ticket):
                 above = ticket.priority
                 continue
@@ -215,8 +191,7 @@ class RecordScheduler(BaseBatcher):
         ticket.state = ADMITTED
         ticket.started_at = now = self._clock()
         self._running.add(ticket)
-        if ticket.group is not None:
-            self._groups[ticket.group] = self._groups.get(ticket.group, 0) + 1
+        self._groups.enter(ticket.group)
         self._inflight_cost += ticket.cost - self._shared(ticket)
         held = self._held
         for key in ticket.blocks:
@@ -231,15 +206,7 @@ class RecordScheduler(BaseBatcher):
             return
         ticket.state = DONE
         self._running.discard(ticket)
-        group = ticket.group
-        if group is not None:
-            left = self._groups[group] - 1
-            if left:
-                self._groups[group] = left
-            else:
-                del self._groups[group]
-                if self._draining is not None and group == self._draining[0]:
-                    self._draining = None
+        self._groups.leave(ticket.group)
         held = self._held
         for key in ticket.blocks:
             left = held[key] - 1
