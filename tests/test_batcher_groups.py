@@ -69,47 +69,35 @@ async def test_a_record_that_waited_max_wait_s_holds_the_head_until_a_group_leav
     assert engine.started == ["A-1", "B-1", "C-1", "A-2"]
 
 
-async def test_once_it_waited_max_wait_s_the_smallest_group_drains_for_it_and_the_others_go_on():
+@pytest.mark.parametrize(
+    "running, costs",
+    [
+        (["A-1", "A-2", "B-1"], {}),  # as many tokens left in each: B, one record in flight against A's two
+        (["A-1", "B-1", "B-2"], {"A-1": 100}),  # A's one record may still add 99 tokens, B's two 4 each: B
+    ],
+)
+async def test_once_it_waited_max_wait_s_the_group_that_leaves_soonest_drains_for_it_and_the_others_go_on(
+    running, costs
+):
     engine = FakeEngine()
-    held = ["A-1", "A-2", "B-1", "C-1", "A-3"]
-    async with ContinuousBatcher(engine.generate, group_fn=group, max_groups=2, max_wait_s=0.01) as batcher:
-        futures = [batcher.submit_nowait(Req(name, 1, hold=True)) for name in held[:4]]
-        try:
-            await until(lambda: engine.started == ["A-1", "A-2", "B-1"])
-            await asyncio.sleep(0.02)  # C-1 has now waited past max_wait_s: B (one in flight, against A's two) drains
-            futures += [batcher.submit_nowait(Req(name, 1, hold=name == "A-3")) for name in ("B-2", "A-3")]
-            await until(lambda: "A-3" in engine.started)  # A goes on
-            await ticks(20)
-            assert "B-2" not in engine.started
-            engine.release("B-1")
-            await until(lambda: "C-1" in engine.started)  # B has left: C takes its place
-        finally:
-            engine.release(*held)
-        await asyncio.gather(*futures)
-    assert engine.started.index("C-1") < engine.started.index("B-2")
-
-
-async def test_the_group_that_leaves_soonest_drains_not_the_one_with_fewest_records():
-    engine = FakeEngine()
-    held = ["A-1", "B-1", "B-2", "C-1"]
-    costs = {"A-1": 100}  # A's one record may still add 99 tokens; B's two, 4 each
+    held = [*running, "C-1"]
     async with ContinuousBatcher(
         engine.generate, group_fn=group, max_groups=2, max_wait_s=0.01, growth_estimator=lambda req: req.cost
     ) as batcher:
         futures = [batcher.submit_nowait(Req(name, costs.get(name, 5), hold=True)) for name in held]
         try:
-            await until(lambda: engine.started == ["A-1", "B-1", "B-2"])
+            await until(lambda: engine.started == running)
             await asyncio.sleep(0.02)  # C-1 has now waited past max_wait_s: B drains for it
-            futures += [batcher.submit_nowait(Req(name, 5)) for name in ("B-3", "A-2")]
-            await until(lambda: "A-2" in engine.started)  # A goes on
+            futures += [batcher.submit_nowait(Req(name, 5)) for name in ("B-9", "A-9")]
+            await until(lambda: "A-9" in engine.started)  # A goes on
             await ticks(20)
-            assert "B-3" not in engine.started
-            engine.release("B-1", "B-2")
-            await until(lambda: "C-1" in engine.started)
+            assert "B-9" not in engine.started
+            engine.release(*(name for name in running if name.startswith("B")))
+            await until(lambda: "C-1" in engine.started)  # B has left: C takes its place
         finally:
             engine.release(*held)
         await asyncio.gather(*futures)
-    assert engine.started.index("C-1") < engine.started.index("B-3")
+    assert engine.started.index("C-1") < engine.started.index("B-9")
 
 
 async def test_on_deck_the_group_a_group_drains_for_goes_in_at_once_and_the_drain_holds_until_it_left():
