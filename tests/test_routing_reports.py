@@ -73,3 +73,31 @@ async def test_the_ingress_routers_process_polls_and_ranks_by_the_fresh_reports(
     router._reports._task.cancel()
     with pytest.raises(ValueError, match="period"):
         routing_reports.poll_in_this_process(0)
+
+
+async def test_with_one_replica_up_the_poll_asks_nothing_until_a_second_comes(monkeypatch):
+    """One replica: a report changes no pick, so the polling process leaves it alone; a second replica up, it asks
+    both."""
+    monkeypatch.setattr(routing_reports, "POLL_PERIOD_S", 0.01)
+    a, b = AskedReplica("a", 0, answer=0), AskedReplica("b", 0, answer=0)
+    up, rounds = [a], 0
+
+    def replicas() -> list[AskedReplica]:
+        nonlocal rounds
+        rounds += 1
+        return list(up)
+
+    reports = Reports()
+    reports.start(replicas)
+    try:
+        deadline = time.monotonic() + 10
+        while rounds < 5:
+            assert time.monotonic() < deadline, "the poll never ran"
+            await asyncio.sleep(0.01)
+        assert a.asked == 0  # five rounds with one replica: never asked
+        up.append(b)
+        while not (a.asked and b.asked):
+            assert time.monotonic() < deadline, "two replicas up, and the poll never asked them"
+            await asyncio.sleep(0.01)
+    finally:
+        reports._task.cancel()

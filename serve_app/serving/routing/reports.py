@@ -6,7 +6,8 @@ control-loop pass, so a router sees it 1-2 s late. A handle's router makes up fo
 it sent, what ended). The ingress router at HAProxy's door sees no request end (HAProxy carries the request and its
 answer), so a stream that ended still counted until the next report arrived, and under a closed loop of streams the
 replicas' loads drifted apart. That process therefore asks every replica for its report itself, every ``period_s``
-(the same actor method the controller calls), and ranks by whichever report was measured last.
+(the same actor method the controller calls), and ranks by whichever report was measured last; with one
+replica up there is nothing to rank, and it asks nothing.
 """
 
 from __future__ import annotations
@@ -54,9 +55,13 @@ class Reports:
         self._task = asyncio.get_running_loop().create_task(self._poll(replicas, POLL_PERIOD_S))
 
     async def _poll(self, replicas: Callable[[], Iterable[Any]], period_s: float) -> None:
+        """Ask every ``period_s`` while there is a choice to make: with one replica up (the shipped config's
+        usual state) a report changes no pick, and each round wakes both processes for nothing."""
         while True:
             try:
-                await self.ask(list(replicas()), timeout_s=max(1.0, 5 * period_s))
+                running = list(replicas())
+                if len(running) > 1:
+                    await self.ask(running, timeout_s=max(1.0, 5 * period_s))
             except Exception:  # never stop polling over one round; Serve's relay still comes meanwhile
                 logger.warning("token router: asking the replicas for their reports failed", exc_info=True)
             await asyncio.sleep(period_s)
