@@ -28,7 +28,8 @@ class RoutingSettings(Strict):
         0.2,
         gt=0,
         description="under HAProxy (serve.env): how often the ingress router asks each replica for the tokens it "
-        "holds itself. It sees no request end, and Serve's relay of the replicas' reports is 1-2 s late",
+        "holds itself, while two or more are up. It sees no request end, and Serve's relay of the replicas' reports "
+        "is 1-2 s late",
     )
     prefix_weight: float = Field(
         4.0,
