@@ -35,11 +35,11 @@ logger = logging.getLogger("serve_app")
 VERSION = "0.3.0"
 
 GAUGE_PERIOD_S = 1.0
+"""How often the gauges (and the load the autoscaler reads) are refreshed from the batcher."""
 YOUNG_COLLECTION_THRESHOLD = 50_000
 """Objects allocated (less those freed) between the collector's young collections in a replica (Python's default:
 700). A stream's chunks leave short-lived objects at thousands of tokens a second, and each young collection walks
 them all; fewer, larger ones cost the event loop less (docs/performance.md §10)."""
-"""How often the gauges (and the load the autoscaler reads) are refreshed from the batcher."""
 
 routes = APIRouter()
 """The routes every replica answers (included by :func:`install`)."""
