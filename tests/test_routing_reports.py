@@ -14,6 +14,7 @@ import pytest
 from serve_app.serving.routing import reports as routing_reports
 from serve_app.serving.routing.reports import Reports
 
+from .test_batching_correctness import until
 from .test_routing import FakeReplica, request, route, router_with
 
 
@@ -65,10 +66,7 @@ async def test_the_ingress_routers_process_polls_and_ranks_by_the_fresh_reports(
     monkeypatch.setattr(routing_reports, "POLL_PERIOD_S", 0.05)
     router = await router_with(a, b)
     await route(router, request("generate", "x" * 40, max_tokens=10))  # the first request starts the polling
-    deadline = time.monotonic() + 10
-    while router.held_tokens(a, time.time()) != 0:
-        assert time.monotonic() < deadline, "the router never took a's own report"
-        await asyncio.sleep(0.05)
+    await until(lambda: router.held_tokens(a, time.time()) == 0, timeout=10)  # it takes a's own report
     assert await route(router, request("generate", "x" * 40, max_tokens=10)) is a
     router._reports._task.cancel()
     with pytest.raises(ValueError, match="period"):
@@ -90,14 +88,9 @@ async def test_with_one_replica_up_the_poll_asks_nothing_until_a_second_comes(mo
     reports = Reports()
     reports.start(replicas)
     try:
-        deadline = time.monotonic() + 10
-        while rounds < 5:
-            assert time.monotonic() < deadline, "the poll never ran"
-            await asyncio.sleep(0.01)
+        await until(lambda: rounds >= 5, timeout=10)  # the poll ran five rounds
         assert a.asked == 0  # five rounds with one replica: never asked
         up.append(b)
-        while not (a.asked and b.asked):
-            assert time.monotonic() < deadline, "two replicas up, and the poll never asked them"
-            await asyncio.sleep(0.01)
+        await until(lambda: bool(a.asked and b.asked), timeout=10)  # two replicas up: both asked
     finally:
         reports._task.cancel()
