@@ -86,10 +86,11 @@ def prefix_markdown(rows: list[dict[str, Any]], mode: str, minutes: float, cache
     with_ratios(rows, ratios)
     measured = summarized(rows, PREFIX_COLUMNS, ratios)
     low, high = prefix_load.VARIED_ANSWERS
-    answers = f"{low}-{high}, drawn per turn," if varied else str(prefix_load.ANSWER_TOKENS)
+    fixed = f"{prefix_load.ANSWER_TOKENS} output tokens each"
+    answers = f"{low}-{high} output tokens each, drawn per turn" if varied else fixed
     about = (
         f"Workload `prefixes` ({LOAD_S[mode]:.0f} s a peer): {prefix_load.CONVERSATIONS} closed-loop clients, each "
-        f"one streamed chat conversation at a time of {prefix_load.TURNS} turns ({answers} output tokens each), "
+        f"one streamed chat conversation at a time of {prefix_load.TURNS} turns ({answers}), "
         f"every {prefix_load.SHARING} of them on one {prefix_load.SYSTEM_TOKENS}-token system prompt, "
         "each turn's prompt the conversation so far, through each peer's HTTP door. Each engine runs one thread, "
         f"pinned to its own core, with a KV cache of {cache}; vLLM's prefix cache is on in every peer. "
