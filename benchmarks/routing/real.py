@@ -57,8 +57,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from harness.procs import processes, replicas
-from serve_app.engines.procs import descendants
+from harness.procs import engine_of, processes, replicas
 
 from ..lib.peers import KV_CACHE_GIB, NO_HAPROXY
 from ..lib.report import RESULTS
@@ -104,18 +103,23 @@ def engines_started(ray_tmp: str) -> int:
 
 
 def pin_engines(ray_tmp: str) -> list[int]:
-    """Each ``VLLM::EngineCore`` process of the peer's ``llm`` app, with everything it started, onto a core of its
-    own (every thread: ``sched_setaffinity`` is per thread); their pids."""
+    """Each engine of the peer's ``llm`` app (what its replica started: :func:`harness.procs.engine_of`, by
+    parentage, as vLLM's process titles come late) onto a core of its own, every thread (``sched_setaffinity`` is
+    per thread); the replicas whose engine was pinned."""
     table_ = processes(ray_tmp)
-    below = descendants(table_, replicas(table_, "llm"))
-    engines = sorted(pid for pid in below if "VLLM::EngineCore" in table_[pid].title)
     cores = sorted(os.sched_getaffinity(0))
-    for index, engine in enumerate(engines):
-        for pid in {engine} | descendants(table_, [engine]):
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                with suppress(OSError):  # a thread that just ended
-                    os.sched_setaffinity(int(tid), {cores[index % len(cores)]})
-    return engines
+    pinned: list[int] = []
+    for replica in sorted(replicas(table_, "llm")):
+        engine = engine_of(table_, replica)  # none below the ingress router, or an engine not started yet
+        core = cores[len(pinned) % len(cores)]
+        for pid in engine:
+            with suppress(OSError):  # a process that just ended
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with suppress(OSError):  # a thread that just ended
+                        os.sched_setaffinity(int(tid), {core})
+        if engine:
+            pinned.append(replica)
+    return pinned
 
 
 def scheduled(events: list[dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
@@ -171,7 +175,9 @@ def measure_peer(
             time.sleep(2)
             pinned = pin_engines(ray_tmp)
         if len(pinned) != REPLICAS:
-            raise RuntimeError(f"{name}: {len(pinned)} engines found to pin, not {REPLICAS}")
+            table_ = processes(ray_tmp)
+            below = {r: [table_[p].title[:40] for p in engine_of(table_, r)] for r in replicas(table_, "llm")}
+            raise RuntimeError(f"{name}: {len(pinned)} engines found to pin, not {REPLICAS} (by replica: {below})")
         warm = [{"at": 0.0, "kind": "chat", "prompt": "warm up " * 8, "max_tokens": 8} for _ in range(8)]
         asyncio.run(load(url, warm))
         with Spread(stats_urls(ray_tmp)) as spread:
