@@ -45,11 +45,9 @@ from .parsers import OutputParsers
 logger = logging.getLogger(__name__)
 
 PACED_STEP_SHARE = 2
-"""On a CPU, lower priorities may fill one in this many of a step's tokens while interactive requests are about. On
-2 cores, two runs each, half of a 512-token step against no cap: a chat's TTFT beside a Ray Data job p50 0.77 s
-against 1.05 s and p99 1.61 s against 1.90 s on average, the job keeping 0.73-0.81x of what the chats left against
-0.79-1.09x (a trade, benchmarks/results/tenancy-history.md); a quarter cut p50 to 0.44 s but left the job 0.60x (its
-longer prompts wait for the others to drain)."""
+"""On a CPU, lower priorities may fill one in this many of a step's tokens while interactive requests are about: a
+step's time grows with its tokens there, and a chat waits for the step running when it comes (a trade against the
+job's tokens, measured in benchmarks/results/tenancy-history.md)."""
 
 
 @contextlib.contextmanager
