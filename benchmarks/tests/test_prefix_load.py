@@ -29,7 +29,7 @@ async def answer(request, number: int, usage: dict = USAGE):
     return response
 
 
-async def talk(chat, sessions: bool = False, seconds: float = 0.3) -> list[dict]:
+async def talk(chat, sessions: bool = False, seconds: float = 0.3, varied: bool = False) -> list[dict]:
     """The conversations for ``seconds`` against ``chat``, a stand-in chat route in this process."""
     from aiohttp import web
 
@@ -42,7 +42,8 @@ async def talk(chat, sessions: bool = False, seconds: float = 0.3) -> list[dict]
     port = site._server.sockets[0].getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     try:
-        return await prefix_load.conversations(url, [f"system {i}" for i in range(8)], seconds, sessions=sessions)
+        systems = [f"system {i}" for i in range(8)]
+        return await prefix_load.conversations(url, systems, seconds, sessions=sessions, varied=varied)
     finally:
         await runner.cleanup()
 
@@ -129,3 +130,25 @@ def test_a_cache_size_is_told_in_the_tokens_it_holds(tmp_path, monkeypatch):
     assert prefix_load.cache_size(tmp_path, 0.25) == "0.25 GiB (about 11,651 tokens)"  # 2**28 / 23,040 bytes
     monkeypatch.setattr(prefix_load, "DTYPE", "float32")
     assert prefix_load.cache_size(tmp_path, 2) == "2 GiB (about 46,603 tokens)"
+
+
+def test_varied_answers_are_drawn_per_turn_from_the_seed_and_fixed_ones_are_all_alike():
+    asked: dict[str, list[int]] = {}  # a conversation's first question -> the max_tokens of its turns
+
+    async def chat(request):
+        body = await request.json()
+        asked.setdefault(body["messages"][1]["content"], []).append(body["max_tokens"])
+        return await answer(request, len(body["messages"]))
+
+    asyncio.run(talk(chat))
+    assert {n for lengths in asked.values() for n in lengths} == {prefix_load.ANSWER_TOKENS}
+    runs = []
+    for _ in range(2):
+        asked.clear()
+        asyncio.run(talk(chat, varied=True))
+        runs.append({question: lengths[0] for question, lengths in asked.items()})  # each conversation's first turn
+    low, high = prefix_load.VARIED_ANSWERS
+    drawn = list(runs[0].values())
+    assert all(low <= n <= high for n in drawn) and len(set(drawn)) > 3  # drawn, not one length
+    same = runs[0].keys() & runs[1].keys()
+    assert len(same) >= prefix_load.CONVERSATIONS and all(runs[0][q] == runs[1][q] for q in same)  # seeded

@@ -15,9 +15,9 @@ def test_a_missing_figure_is_a_dash_and_the_others_keep_their_format():
 
 
 def test_rounds_are_told_as_medians_with_each_ratio_taken_within_its_round():
-    """Two rounds of the prefix workload's page (``benchmarks.routing.real``): a ratio is each round's own, its
+    """Two rounds of the prefix workload's page (``benchmarks.routing.real_page``): a ratio is each round's own, its
     median and range shown; failures are summed; a round that did not run is a note, not a figure."""
-    from benchmarks.routing.real import prefix_markdown
+    from benchmarks.routing.real_page import prefix_markdown
 
     def row(peer: str, round_: int, ttft: float, hits: list[float] | None = None) -> dict:
         figures = {"ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft, "later_ttft_p50_s": ttft, "output_tok_s": 50.0}
@@ -39,3 +39,6 @@ def test_rounds_are_told_as_medians_with_each_ratio_taken_within_its_round():
     assert "0.80 / 0.60; 0.70 / 0.70" in cells and cells[-1] == "2"  # both rounds' replicas; failures summed
     assert "app-serve (round 2): did not run (RuntimeError('no replica'))." in text
     assert "2 rounds" in text
+    assert "4 turns (24 output tokens each)" in text and "--varied-answers" not in text
+    varied = prefix_markdown([dict(r) for r in rows], "full", 1.0, "0.25 GiB", varied=True)
+    assert "4 turns (12-36 output tokens each, drawn per turn)" in varied and "prefixes --varied-answers`" in varied
