@@ -206,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     args = parser.parse_args(argv)
+    if args.varied_answers and args.workload != PREFIXES:
+        parser.error(f"--varied-answers is for --workload {PREFIXES}, whose conversations answer in turns")
     from serve_app.models import prepare
 
     began = time.monotonic()
@@ -232,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
     suffix = "" if args.workload == DEFAULT_WORKLOAD else f"-{args.workload}"
     suffix += "" if args.kv_cache_gib == KV_CACHE_GIB else f"-cache{args.kv_cache_gib:g}gib"
-    suffix += "-varied" if args.varied_answers and args.workload == PREFIXES else ""
+    suffix += "-varied" if args.varied_answers else ""
     suffix += "-quick" if args.quick else ""
     minutes = (time.monotonic() - began) / 60
     text = (
