@@ -85,9 +85,8 @@ def reserved_cores(setting: str | int | None, cores: int) -> int | None:
     """``vllm.cpu_reserved_cores`` resolved for a host of ``cores`` usable cores: None keeps vLLM's own default.
 
     vLLM's CPU build binds one compute thread to each core it does not reserve, and reserves one for its
-    scheduler: on 2 cores that halves the compute (measured there with none reserved: 1.44x a chat burst's output
-    tok/s, and a batch job 1.51x offline ``LLM.generate`` against 0.97x); on a larger host it costs little and keeps
-    the scheduler off the threads."""
+    scheduler: on a small host that halves the compute (docs/cpu-tuning.md: what none reserved gives); on a larger
+    host it costs little and keeps the scheduler off the threads."""
     if setting == "auto":
         return 0 if cores <= SMALL_HOST_CORES else None
     return None if setting is None else int(setting)

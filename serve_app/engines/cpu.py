@@ -34,11 +34,8 @@ def cpu_flags() -> frozenset[str]:
 
 def cpu_dtype(flags: Collection[str] | None = None) -> str:
     """The dtype ``auto`` means on a CPU: bfloat16 where the CPU multiplies it in hardware (AMX or AVX512-BF16),
-    float32 elsewhere, where bfloat16 is emulated and slower (about 6x for generation on an AVX2-only CPU, measured
-    here). Against float32 on 2 cores (vLLM's CPU build, the bundled models, eager), bfloat16 gave on Sapphire
-    Rapids (AMX) generation 2.1x the output tok/s and embeddings 1.9x the texts/s through vLLM's pooling runner and
-    1.5x through sentence-transformers; on AMD EPYC Zen 4 (AVX512-BF16) 1.6x, 1.4x and 1.7x (docs/cpu-tuning.md,
-    docs/embeddings.md)."""
+    float32 elsewhere, where bfloat16 is emulated and several times slower (docs/cpu-tuning.md and docs/embeddings.md
+    hold what each gave here)."""
     return "float32" if NATIVE_BF16_FLAGS.isdisjoint(cpu_flags() if flags is None else flags) else "bfloat16"
 
 
