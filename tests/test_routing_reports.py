@@ -14,8 +14,8 @@ import pytest
 from serve_app.serving.routing import reports as routing_reports
 from serve_app.serving.routing.reports import Reports
 
-from .test_batching_correctness import until
 from .test_routing import FakeReplica, request, route, router_with
+from .waits import wait_for
 
 
 class AskedReplica(FakeReplica):
@@ -66,7 +66,7 @@ async def test_the_ingress_routers_process_polls_and_ranks_by_the_fresh_reports(
     monkeypatch.setattr(routing_reports, "POLL_PERIOD_S", 0.05)
     router = await router_with(a, b)
     await route(router, request("generate", "x" * 40, max_tokens=10))  # the first request starts the polling
-    await until(lambda: router.held_tokens(a, time.time()) == 0, timeout=10)  # it takes a's own report
+    await wait_for(lambda: router.held_tokens(a, time.time()) == 0, 10, "a's own report", interval=0.01)
     assert await route(router, request("generate", "x" * 40, max_tokens=10)) is a
     router._reports._task.cancel()
     with pytest.raises(ValueError, match="period"):
@@ -88,9 +88,9 @@ async def test_with_one_replica_up_the_poll_asks_nothing_until_a_second_comes(mo
     reports = Reports()
     reports.start(replicas)
     try:
-        await until(lambda: rounds >= 5, timeout=10)  # the poll ran five rounds
+        await wait_for(lambda: rounds >= 5, 10, "five rounds of the poll", interval=0.01)
         assert a.asked == 0  # five rounds with one replica: never asked
         up.append(b)
-        await until(lambda: bool(a.asked and b.asked), timeout=10)  # two replicas up: both asked
+        await wait_for(lambda: a.asked and b.asked, 10, "both replicas asked, two up", interval=0.01)
     finally:
         reports._task.cancel()
