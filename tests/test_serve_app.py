@@ -175,7 +175,9 @@ async def test_reconfigure_changes_batcher_knobs_live(serve_instance):
     from .waits import wait_for
 
     client = serve.context._get_global_client()
-    args = merged(SIMULATED_DEFAULTS, {"autoscaling": {"min_replicas": 1, "max_replicas": 1}})
+    # Steps of 0.2 s: 9 requests of 5 tokens sent at once overlap in the engine however slowly they arrive.
+    one_replica = {"autoscaling": {"min_replicas": 1, "max_replicas": 1}, "simulated": {"step_s": 0.2}}
+    args = merged(SIMULATED_DEFAULTS, one_replica)
     app = {"name": "knobs", "route_prefix": "/knobs", "import_path": "serve_app.app:build_app", "args": args}
 
     async def deployed(user_config: dict[str, Any] | None, want: dict[str, Any]) -> Any:
@@ -192,21 +194,25 @@ async def test_reconfigure_changes_batcher_knobs_live(serve_instance):
 
         return await wait_for(applied, 120, f"the batcher settings {want}", interval=0.05)
 
-    handle = await deployed(None, {"max_inflight": "auto"})
-    handle = await deployed({"batcher": {"max_inflight": 3}}, {"max_inflight": 3})
-    assert (await handle.stats.remote())["batcher"]["total_completed"] == 0  # the same settings path, a fresh batcher
-    results = await asyncio.gather(*(handle.generate.remote(f"r{i}", max_tokens=5) for i in range(9)))
-    assert len(results) == 9
-    after = await handle.stats.remote()
-    assert after["batcher"]["total_completed"] == 9
-    assert 1 < after["engine_stats"]["peak_running"] <= 3  # the new cap held inside the engine
-    handle = await deployed({"batcher": {"mode": "batch", "max_batch_size": 3}}, {"mode": "batch"})
-    results = await asyncio.gather(*(handle.generate.remote(f"b{i}", max_tokens=1) for i in range(9)))
-    stats = await handle.stats.remote()
-    assert [r["text"] for r in results] == [f"[simulated] b{i}" for i in range(9)]
-    assert stats["batcher"]["total_completed"] == 9 and stats["batcher"]["avg_batch_size"] <= 3  # batch mode, live
-    assert stats["engine_stats"]["requests"] == 18  # one engine all along: the replica was reconfigured, not replaced
-    serve.delete("knobs", _blocking=False)
+    try:
+        handle = await deployed(None, {"max_inflight": "auto"})
+        handle = await deployed({"batcher": {"max_inflight": 3}}, {"max_inflight": 3})
+        # the same settings path, a fresh batcher
+        assert (await handle.stats.remote())["batcher"]["total_completed"] == 0
+        results = await asyncio.gather(*(handle.generate.remote(f"r{i}", max_tokens=5) for i in range(9)))
+        assert len(results) == 9
+        after = await handle.stats.remote()
+        assert after["batcher"]["total_completed"] == 9
+        assert 1 < after["engine_stats"]["peak_running"] <= 3  # the new cap held inside the engine
+        handle = await deployed({"batcher": {"mode": "batch", "max_batch_size": 3}}, {"mode": "batch"})
+        results = await asyncio.gather(*(handle.generate.remote(f"b{i}", max_tokens=1) for i in range(9)))
+        stats = await handle.stats.remote()
+        assert [r["text"] for r in results] == [f"[simulated] b{i}" for i in range(9)]
+        assert stats["batcher"]["total_completed"] == 9 and stats["batcher"]["avg_batch_size"] <= 3  # batch mode, live
+        # one engine all along: the replica was reconfigured, not replaced
+        assert stats["engine_stats"]["requests"] == 18
+    finally:  # a failure must not leave the app holding the cluster's CPUs for the tests after it
+        serve.delete("knobs", _blocking=False)
 
 
 @pytest.mark.system  # a replica stopped under load
