@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -12,18 +13,14 @@ import pytest
 from batching import BatchCancelledError, BatcherStoppedError, DynamicBatcher, QueueFullError
 from batching.batcher import PURGE_INTERVAL_S
 
+from .waits import wait_for
+
+soon = functools.partial(wait_for, timeout=5, interval=0.001)
+"""The suite's wait, polled every millisecond: these tests watch a batcher on their own event loop."""
+
 
 async def echo(batch: list) -> list:
     return list(batch)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait until ``condition()`` holds (polling the event loop); fail if it has not within ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition never became true")
-        await asyncio.sleep(0.001)
 
 
 def blocked_producers(batcher: DynamicBatcher) -> int:
@@ -205,13 +202,14 @@ async def test_cancelling_a_waiting_caller_drops_its_record():
 
     async with DynamicBatcher(gated, max_batch_size=1, batch_timeout_s=0) as batcher:
         first = await batcher.submit("first")  # occupies process_fn until released
-        await until(lambda: batches == [["first"]])
+        await soon(lambda: batches == [["first"]], what="the first batch in process_fn")
 
         async def caller(x):
             return await (await batcher.submit(x))
 
         waiting = asyncio.ensure_future(caller("gone"))
-        await until(lambda: batcher.stats.total_submitted == 2)  # "gone" is queued; its caller awaits it
+        # "gone" is queued; its caller awaits it
+        await soon(lambda: batcher.stats.total_submitted == 2, what="two submitted")
         waiting.cancel()
         release.set()
         assert await first == "first"
@@ -236,7 +234,8 @@ async def test_cancelled_queued_records_give_back_their_places_at_once():
         running = await batcher.submit_batch(["a", "b"])
         await entered.wait()  # "a" and "b" are in process_fn, which waits
         prefetched = await batcher.submit_batch(["c", "d"])
-        await until(lambda: batcher.stats.in_flight == 4)  # "c" and "d" were cut early into the prefetch buffer
+        # "c" and "d" were cut early into the prefetch buffer
+        await soon(lambda: batcher.stats.in_flight == 4, what="four in flight")
         queued = batcher.submit_batch_nowait(["e", "f", "g", "h"])  # the queue is full now
         with pytest.raises(QueueFullError):
             batcher.submit_nowait("i")
@@ -248,7 +247,7 @@ async def test_cancelled_queued_records_give_back_their_places_at_once():
         # the cancelled places are free again, while the engine still holds "a" and "b".
         late = await retry_while_full(lambda: batcher.submit_batch_nowait(["j", "k", "l"]), PURGE_INTERVAL_S)
         waiter = asyncio.ensure_future(batcher.submit("m"))  # and the queue is full once more
-        await until(lambda: blocked_producers(batcher) == 1)
+        await soon(lambda: blocked_producers(batcher) == 1, what="a producer blocked on the full queue")
         assert not waiter.done() and not release.is_set()
         stats = batcher.stats
         assert stats.queue_depth == 4 and stats.total_cancelled == 3
@@ -285,9 +284,10 @@ async def test_reading_stats_leaves_the_queue_as_it_was():
         async with DynamicBatcher(gated, max_batch_size=2, batch_timeout_s=0, prefetch_batches=1) as batcher:
             asyncio.get_running_loop().call_later(5, release.set)  # a failed assertion must not hang the exit
             first = await batcher.submit("first")
-            await until(lambda: batches == [["first"]])
+            await soon(lambda: batches == [["first"]], what="the first batch in process_fn")
             futures = await batcher.submit_batch(["a", "b", "c", "d", "e", "f"])
-            await until(lambda: len(batcher._queue) == 4)  # "a" and "b" are prefetched; c, d, e, f queued
+            # "a" and "b" are prefetched; c, d, e, f queued
+            await soon(lambda: len(batcher._queue) == 4, what="four queued")
             futures[3].cancel()  # "d"
             futures[4].cancel()  # "e"
             queue = batcher._queue
@@ -424,14 +424,14 @@ async def test_submit_waits_when_the_queue_is_full_and_nowait_raises():
         first = await b.submit(0)
         await entered.wait()  # taken by the processing loop
         await b.submit(1)
-        await until(lambda: b.stats.in_flight == 2)  # prefetched as a full batch
+        await soon(lambda: b.stats.in_flight == 2, what="two in flight")  # prefetched as a full batch
         queued = [await b.submit(2), await b.submit(3)]  # fills the queue
         with pytest.raises(QueueFullError, match="max_queue_size=2"):
             b.submit_nowait(4)
         with pytest.raises(QueueFullError):
             b.submit_batch_nowait([4])
         blocked = asyncio.ensure_future(b.submit(4))
-        await until(lambda: blocked_producers(b) == 1)
+        await soon(lambda: blocked_producers(b) == 1, what="a producer blocked on the full queue")
         assert not blocked.done()  # backpressure: the producer waits
         release.set()
         fut4 = await asyncio.wait_for(blocked, 5)
@@ -449,9 +449,10 @@ async def test_stop_refuses_producers_blocked_on_a_full_queue():
     await batcher.start()
     accepted = [await batcher.submit(i) for i in range(3)]
     blocked = asyncio.ensure_future(batcher.submit(99))
-    await until(lambda: blocked_producers(batcher) == 1)
+    await soon(lambda: blocked_producers(batcher) == 1, what="a producer blocked on the full queue")
     stopping = asyncio.ensure_future(batcher.stop())
-    await until(blocked.done)  # stop() began: the waiting producer is refused
+    # stop() began: the waiting producer is refused
+    await soon(blocked.done, what="the blocked producer refused")
     with pytest.raises(BatcherStoppedError):
         await blocked
     with pytest.raises(BatcherStoppedError):
