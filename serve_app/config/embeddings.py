@@ -37,7 +37,7 @@ VLLM_DEFAULTS: dict[str, Any] = {
 the in-flight budget (``auto``: two of vLLM's scheduler steps, ``max_num_batched_tokens`` each, so the next step
 is always ready while one runs) and leaving it the moment its vector is out. In arrival order: vLLM pads nothing,
 so shortest-first saves no padding, and it scatters a list's inputs over time while its request waits for the
-last (64 clients on 2 cores: 1.05-1.1x the texts/s of ``length_aware``, and lists of 16 at 0.7-0.75x its p50)."""
+last (docs/embeddings.md has the measurement)."""
 
 BATCHER_DEFAULTS = {"vllm": VLLM_DEFAULTS, "padded": PADDED_DEFAULTS}
 
@@ -45,10 +45,8 @@ CPU_BATCH_TOKENS = 1_024
 GPU_BATCH_TOKENS = 16_384
 CPU_BATCH_OVERHEAD_TOKENS = 128
 """``batch_overhead_tokens: auto`` for the padded encoder on a CPU: what a batch costs whatever its size, in
-tokens. The encoder alone (all-MiniLM-L6-v2, bfloat16, 2 cores) takes 8.4 ms for 1 x 16 tokens and about 0.09 ms
-a token beyond, some 70 tokens' worth a batch; served, with the batcher's and the replica's work for each batch,
-128 did best (one text a request from 64 clients: 1.16x the texts/s of none, padding waste 0.14 against 0.37;
-lists of 16 the same; 32 to 512 tried, embeddings-history.md). On a GPU not measured: 0, the budget alone cuts."""
+tokens (the encoder's own cost per batch plus the batcher's and the replica's work for it; chosen by measurement,
+docs/embeddings.md). On a GPU not measured: 0, the budget alone cuts."""
 
 
 class PoolingSettings(VLLMSettings):
