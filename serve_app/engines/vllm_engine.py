@@ -9,11 +9,10 @@ event loop: no second tokenizer), so a prompt's token count, the batcher's cost,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from .base import (
     TokenLogprob,
 )
 from .parsers import OutputParsers
+from .sampling import sampling_params, vllm_logprobs, vllm_refusals
 
 logger = logging.getLogger(__name__)
 
@@ -48,20 +48,6 @@ PACED_STEP_SHARE = 2
 """On a CPU, lower priorities may fill one in this many of a step's tokens while interactive requests are about: a
 step's time grows with its tokens there, and a chat waits for the step running when it comes (a trade against the
 job's tokens, measured in benchmarks/results/tenancy-history.md)."""
-
-
-@contextlib.contextmanager
-def vllm_refusals(what: str | None = None) -> Iterator[None]:
-    """vLLM's verdict on a request's own fault (``VLLMClientError``: vLLM's server answers it with a 4xx) as a
-    :class:`RequestError` naming the field (``what`` where given, else vLLM's ``parameter``)."""
-    from vllm.exceptions import VLLMClientError
-
-    try:
-        yield
-    except VLLMClientError as exc:
-        message = exc.args[0] if exc.args else str(exc)
-        param = what or getattr(exc, "parameter", None)
-        raise RequestError(f"{what}: {message}" if what else message, param=param) from None
 
 
 def lora_requests(adapters: dict[str, str], ids: Iterator[int], known: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -177,7 +163,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         configs = processor.model_config, processor.speculative_config, processor.structured_outputs_config
 
         def verify(options: SamplingOptions) -> None:
-            self.sampling_params(options).verify(*configs, processor.tokenizer)
+            sampling_params(options).verify(*configs, processor.tokenizer)
 
         if sampling.structured_outputs is None:
             with vllm_refusals():  # each refusal named by vLLM
@@ -196,39 +182,6 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         with vllm_refusals(what):
             self._llm.renderer.validate_token_ids(token_ids)
 
-    @staticmethod
-    def sampling_params(s: SamplingOptions) -> Any:
-        """vLLM's ``SamplingParams`` for validated options, streaming deltas."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-
-        structured = s.structured_outputs
-        if structured is not None:
-            fields = {**asdict(structured), "choice": list(structured.choice) if structured.choice else None}
-            structured = StructuredOutputsParams(**fields)
-        return SamplingParams(
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            min_p=s.min_p,
-            frequency_penalty=s.frequency_penalty,
-            presence_penalty=s.presence_penalty,
-            repetition_penalty=s.repetition_penalty,
-            min_tokens=s.min_tokens,
-            ignore_eos=s.ignore_eos,
-            logit_bias=dict(s.logit_bias) or None,
-            stop=list(s.stop) or None,
-            stop_token_ids=list(s.stop_token_ids) or None,
-            skip_special_tokens=s.skip_special_tokens,
-            include_stop_str_in_output=s.include_stop_str_in_output,
-            seed=s.seed,
-            logprobs=s.logprobs,
-            prompt_logprobs=s.prompt_logprobs,
-            structured_outputs=structured,
-            output_kind=RequestOutputKind.DELTA,
-        )
-
     async def stream(self, request: GenerationRequest) -> AsyncIterator[GenerationOutput]:
         """``AsyncLLM.generate``'s delta stream; cancelling the iteration aborts the request in vLLM."""
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
@@ -244,7 +197,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         logprobs: list[TokenLogprob] = []
         prompt_logprobs = None
         try:
-            params = self.sampling_params(request.sampling)
+            params = sampling_params(request.sampling)
             prompt = await render_tokens(self._llm, request.prompt_token_ids)
             options: dict[str, Any] = {"priority": request.priority} if self._priorities else {}
             if request.sampling.adapter is not None:
@@ -254,7 +207,8 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             unsent = None  # the prompt's log probabilities, until a delta carries them
             async for output in self._llm.generate(prompt, params, request.request_id, **options):
                 if prompt_logprobs is None and output.prompt_logprobs:  # the first output carries them
-                    unsent = prompt_logprobs = self._logprobs(request.prompt_token_ids, output.prompt_logprobs)
+                    prompt_logprobs = vllm_logprobs(self._llm, request.prompt_token_ids, output.prompt_logprobs)
+                    unsent = prompt_logprobs
                 cached = output.num_cached_tokens if output.num_cached_tokens is not None else cached
                 written = output.num_cache_creation_tokens if output.num_cache_creation_tokens is not None else written
                 if not output.outputs:
@@ -263,7 +217,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
                 token_ids += completion.token_ids
                 if completion.text or completion.token_ids:
                     parts.append(completion.text)
-                    new = self._logprobs(completion.token_ids, completion.logprobs) if wanted else None
+                    new = vllm_logprobs(self._llm, completion.token_ids, completion.logprobs) if wanted else None
                     logprobs += new or ()
                     new_ids = tuple(completion.token_ids)
                     yield GenerationDelta(request.request_id, completion.text, len(token_ids), new, unsent, new_ids)
@@ -293,21 +247,6 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             cached_tokens=cached or 0,
             cache_write_tokens=written or 0,
         )
-
-    def _logprobs(self, token_ids: Sequence[int], positions: Sequence[Any] | None) -> tuple[TokenLogprob, ...]:
-        """vLLM's log probabilities of ``token_ids`` (one ``{token id: Logprob}`` per position, None where it has
-        none: a prompt's first token) as :class:`TokenLogprob`; a token vLLM did not decode is decoded here, as
-        vLLM's server does (one token: no need to leave the event loop)."""
-        out = []
-        for index, token_id in enumerate(token_ids):
-            position = positions[index] if positions is not None and index < len(positions) else None
-            chosen = position.get(token_id) if position else None
-            text = chosen.decoded_token if chosen is not None else None
-            if text is None:
-                text = self._llm.get_tokenizer().decode([token_id])
-            top = tuple((lp.decoded_token or "", lp.logprob) for lp in position.values()) if position else ()
-            out.append(TokenLogprob(text, chosen.logprob if chosen is not None else None, top))
-        return tuple(out)
 
     async def set_adapters(self, adapters: dict[str, str]) -> None:
         """vLLM loads an adapter with its first request and keeps the most recently used ones; one that is gone is
