@@ -110,3 +110,12 @@ def body_call(body: Any) -> tuple[str, dict[str, Any]]:
         if key in fields:
             return method, fields
     return "__call__", {}
+
+
+def pending_cost(request: Any, default_max_tokens: int) -> float | None:
+    """Tokens a request Serve is routing (its ``PendingRequest``) will hold, from its handle call's arguments or
+    its HTTP scope; ``None`` when neither tells."""
+    if request.metadata.is_http_request:
+        scope = asgi_scope(request.args[0]) if request.args else None
+        return http_cost(scope, default_max_tokens) if scope is not None else None
+    return handle_cost(request.metadata.call_method, request.args, request.kwargs, default_max_tokens)

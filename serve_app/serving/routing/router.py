@@ -1,27 +1,13 @@
-"""Token-aware request routing: send each request to the replica holding the fewest tokens (Ray Serve 2.60's
-``RequestRouter``; ``routing.router: tokens``). docs/fleet.md tells the whole of it; in short:
+"""Token-aware request routing (``routing.router: tokens``, Ray Serve 2.60's ``RequestRouter``): each request goes
+to the replica that would hold the fewest tokens for its budget with it. Serve's default router counts ongoing
+requests, to which a 48-prompt ``generate_batch`` call is one request, as a 16-token chat is.
 
-- **Why**: Serve's default router counts ongoing requests, and a 48-prompt ``generate_batch`` call is one request,
-  as a 16-token chat is. Each replica reports what its batcher holds in tokens (``Replica.record_routing_stats``:
-  ``token_load``, ``token_budget``, ``prompts``, ``at``), queued + in flight.
-- **Held tokens**: the latest report, plus what this router sent the replica since it was measured (counted from the
-  moment a request is *chosen*, moved to the replica that took it, dropped on completion or once a report measured
-  ``settle_s`` after it arrives), less what ended there since the report counted it, less the prompt tokens the
-  prefix index says the replica holds already (its admission counts a shared prefix once). A unary call's late
-  confirmation over gRPC is ignored; reports are timed by the replica's clock, never newer than when seen.
-- **Ranking**: ``(held + cost - credit) / token_budget``, lowest first. ``credit`` is the prefix score
-  (:mod:`.prefixes`: prompt tokens this router sent the replica before, times ``prefix_weight``, at most
-  ``prefix_max_share`` of its budget: the guard), or for a request of a session the replica its session went to
-  (:mod:`.sessions`) that whole bound; a LoRA adapter the replica does not hold adds ``adapter_weight`` (twice with
-  its slots full; :mod:`.adapters`). Ties (within ``tie_fraction``) go to locality, then the shorter queue (reported
-  prompts + sent since), then chance; every replica is returned in rank order.
-- **Cost**: handle calls from their arguments (characters / 4 per prompt + ``max_tokens``, times ``n``); HTTP from
-  ``Content-Length`` / 4 + ``default_max_tokens`` (:mod:`.request_cost`).
-- **Fallback**: a missing or stale report (``stale_after_s``), or a multiplexed request: Serve's power of two
-  choices on ongoing requests.
-
-Every process that routes imports this module, which imports nothing of the app but two metric names and this
-package's ledgers and indexes (:mod:`.books`, :mod:`.prefixes`, :mod:`.adapters`, :mod:`.sessions`).
+A replica's held tokens are its latest report (:mod:`.reports`) plus what this router sent it since, less what ended
+there (:mod:`.books`); a prompt prefix or session the replica likely holds is a credit (:mod:`.prefixes`,
+:mod:`.sessions`), a LoRA adapter it must load a charge (:mod:`.adapters`); a request's cost is estimated from its
+arguments or body (:mod:`.request_cost`). Where a report is missing or stale, Serve's power of two choices decides.
+docs/fleet.md tells the whole of it. Every process that routes imports this module, which imports nothing of the
+app but two metric names and this package's ledgers and indexes.
 """
 
 from __future__ import annotations
@@ -48,7 +34,7 @@ from .adapters import AdapterIndex
 from .books import Ledger, Routed
 from .prefixes import PrefixIndex, prompt_text
 from .reports import Reports
-from .request_cost import asgi_scope, handle_cost, handle_prompt, http_cost
+from .request_cost import handle_prompt, pending_cost
 from .sessions import SessionIndex
 
 if TYPE_CHECKING:
@@ -138,12 +124,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         """Tokens ``request`` will hold at its replica (prompt + max_tokens per prompt), estimated."""
         cost: float | None = None
         try:
-            if request.metadata.is_http_request:
-                scope = asgi_scope(request.args[0]) if request.args else None
-                cost = http_cost(scope, self.default_max_tokens) if scope is not None else None
-            else:
-                method = request.metadata.call_method
-                cost = handle_cost(method, request.args, request.kwargs, self.default_max_tokens)
+            cost = pending_cost(request, self.default_max_tokens)
         except Exception:  # never fail a request over an estimate
             logger.debug("token router: no cost estimate for %s", request.metadata.call_method, exc_info=True)
         return self.unknown_cost if cost is None else cost
