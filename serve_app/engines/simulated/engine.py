@@ -4,9 +4,7 @@ docstring says how."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -14,7 +12,8 @@ from typing import Any
 from ...config import SimulatedSettings
 from ..base import Engine, EngineDeadError, GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
 from ..parsers import OutputParsers
-from .sequence import CHARS_PER_TOKEN, SimulatedSequence
+from .sequence import SimulatedSequence
+from .text import SimulatedText
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +35,9 @@ class SimulatedEngine(Engine):
         self.settings = settings
         self.adapter_slots = max_adapters
         self._held: OrderedDict[str, None] = OrderedDict()  # the adapters loaded, least recently used first
-        self._tokenizer: Any = None
-        if tokenizer is not None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-            self.parsers = parsers.over(self._tokenizer) if parsers is not None else None
+        self.text = SimulatedText(settings, tokenizer)
+        if self.text.tokenizer is not None:
+            self.parsers = parsers.over(self.text.tokenizer) if parsers is not None else None
         self.max_model_len = settings.max_model_len
         self.continuous = not settings.padded
         self._dead: str | None = None
@@ -52,48 +48,17 @@ class SimulatedEngine(Engine):
         self._stepper: asyncio.Task | None = None
         self._counts = {"batches": 0, "steps": 0, "requests": 0, "aborts": 0, "peak_running": 0, "adapter_loads": 0}
 
-    @staticmethod
-    def tokens(text: str) -> list[int]:
-        """The simulated tokenizer: one token per 4 characters."""
-        return [sum(text[i : i + CHARS_PER_TOKEN].encode()) for i in range(0, len(text), CHARS_PER_TOKEN)]
-
-    def _encode(self, text: str) -> list[int]:
-        if self._tokenizer is None:
-            return self.tokens(text)
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
-
-    def _script(self, prompt: str) -> list[tuple[str, int]] | None:
-        """The reply a prompt asks for by number (``replies``; the last it asks for: a conversation's latest turn), as
-        (text, id) tokens; None: it asks for none."""
-        asked = re.findall(re.escape(self.settings.reply_marker) + r"(\d+)", prompt) if self.settings.replies else []
-        if not asked or int(asked[-1]) >= len(self.settings.replies):
-            return None
-        reply = self.settings.replies[int(asked[-1])]
-        if self._tokenizer is None:
-            chunks = [reply[i : i + CHARS_PER_TOKEN] for i in range(0, len(reply), CHARS_PER_TOKEN)]
-            return [(chunk, sum(chunk.encode())) for chunk in chunks] or None
-        ids, said, out = self._encode(reply), "", []
-        for k, token in enumerate(ids):  # each token's text as a detokenizer streams it
-            text = self._tokenizer.decode(ids[: k + 1])
-            out.append((text[len(said) :], token))
-            said = text
-        return out or None
-
     async def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self._encode(text) for text in texts]
+        return [self.text.encode(text) for text in texts]
 
     async def encode_chat(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
     ) -> tuple[list[int], str]:
-        shown = f"<|tools|>{json.dumps(list(tools))}\n" if tools else ""
-        calls = (f"<|calls|>{json.dumps(m['tool_calls'])}" if m.get("tool_calls") else "" for m in messages)
-        text = shown + "".join(f"<|{m['role']}|>{m['content']}{c}\n" for m, c in zip(messages, calls)) + "<|assistant|>"
-        return self._encode(text), text
+        text = self.text.chat(messages, tools)
+        return self.text.encode(text), text
 
     async def decode(self, token_ids: Sequence[int]) -> str:
-        if self._tokenizer is not None:
-            return self._tokenizer.decode(list(token_ids))
-        return " ".join(f"t{token}" for token in token_ids)
+        return self.text.decode(token_ids)
 
     def kv_cache_tokens(self) -> int | None:
         return self.settings.kv_cache_tokens
@@ -126,7 +91,7 @@ class SimulatedEngine(Engine):
         if failed is not None:
             yield failed
             return
-        sequence = SimulatedSequence(request, self._script(request.prompt_text))
+        sequence = SimulatedSequence(request, self.text.script(request.prompt_text))
         self._waiting.append(sequence)
         self._by_id[request.request_id] = sequence
         self._kick()
@@ -277,7 +242,7 @@ class SimulatedEngine(Engine):
         failed = [self._admit(r) for r in batch]
         self._counts["batches"] += 1
         ids = {r.request_id for r in batch}
-        self._by_id.update({r.request_id: SimulatedSequence(r, self._script(r.prompt_text)) for r in batch})
+        self._by_id.update({r.request_id: SimulatedSequence(r, self.text.script(r.prompt_text)) for r in batch})
         try:
             await asyncio.sleep(self.batch_seconds(batch))
             bad = self.settings.raise_marker
