@@ -14,6 +14,7 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -173,3 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "adapters-routing.md").write_text(page)
     print(page)
     return 0 if not errors and all(r["wrong_adapter"] == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -125,3 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     (RESULTS / "adapters-serving.md").write_text(page)
     print(page)
     return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
