@@ -13,7 +13,6 @@ max_model_len 2048, enforce_eager, VLLM_CPU_KVCACHE_SPACE=2, one replica:
   app-slo        the same app configured for a latency objective: at most ``SLO_INFLIGHT`` requests inside
                  the engine (what keeps this CPU's time per output token near the objective) and
                  ``max_queue_wait_s``: a request expected to wait longer for admission is refused at once (503)
-  app-small-steps the app with vLLM's steps at ``SMALL_STEP_TOKENS`` (``vllm.max_num_batched_tokens``)
   app-python-proxy the app with Serve's Python proxy on the client's port, as before serve.env turned on HAProxy and
                  direct ingress (both off: ``PYTHON_PROXY``)
   ray-serve-llm  Ray Serve LLM: ``build_openai_app`` over one ``LLMConfig`` on CPU

@@ -28,14 +28,11 @@ PEERS = (
     "app",
     "app-all-cores",
     "app-slo",
-    "app-small-steps",
     "app-python-proxy",
     "ray-serve-llm",
 )
-SMALL_STEP_TOKENS = 512  # app-small-steps: vLLM's steps at this many tokens (max_num_batched_tokens; 2048 on a CPU)
 APP_VLLM = {  # app peers that change only the app's `vllm` settings
     "app-all-cores": {"cpu_reserved_cores": 0},
-    "app-small-steps": {"engine_args": {"max_num_batched_tokens": SMALL_STEP_TOKENS}},
 }
 SLO_INFLIGHT, SLO_QUEUE_WAIT_S = 32, 4.0  # app-slo's batcher: engine share and admission wait
 READY_MARKER = "RAY_SERVE_LLM_READY"
