@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from serve_app.driver import summarize
+from serve_app.data.summary import summarize
 
 
 def test_the_summary_reads_every_written_file_whatever_types_its_columns_took(tmp_path: Path) -> None:

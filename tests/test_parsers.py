@@ -292,6 +292,7 @@ def test_the_driver_runs_a_chat_job_with_a_tools_file(scripted_app, tmp_path):
     """``python -m serve_app.driver --task chat --tools FILE``: the same job from the command line, its output
     files holding each row's calls and content; ``--tools`` on another task is refused, naming the flag."""
     from serve_app import driver
+    from serve_app.data.summary import written_tables
 
     tools = tmp_path / "tools.json"
     tools.write_text(json.dumps([WEATHER]))
@@ -301,9 +302,7 @@ def test_the_driver_runs_a_chat_job_with_a_tools_file(scripted_app, tmp_path):
     summary = driver.run(driver.parser().parse_args(["--task", "chat", *flags, "--max-tokens", "96"]))
     assert summary["rows_in"] == summary["rows_out"] == 2 and summary["errors"] == 0 and summary["output_tokens"] > 0
     rows = {
-        row["id"]: row
-        for frame in driver.written_tables(str(tmp_path / "out"), "jsonl")
-        for row in frame.to_dict("records")
+        row["id"]: row for frame in written_tables(str(tmp_path / "out"), "jsonl") for row in frame.to_dict("records")
     }
     called, greeting = rows["chats.jsonl:0"], rows["chats.jsonl:1"]
     assert [call["function"]["name"] for call in called["tool_calls"]] == ["get_weather"]
