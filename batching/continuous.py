@@ -234,22 +234,16 @@ class ContinuousBatcher(RecordIntake, Generic[RecordT, ResultT]):
             raise TypeError(f"growth_estimator must be callable or None, got {growth_estimator!r}")
         if order not in ("fifo", "length_aware"):
             raise ValueError(f"order must be 'fifo' or 'length_aware', got {order!r}")
-        if isinstance(max_wait_s, bool) or not isinstance(max_wait_s, (int, float)) or not max_wait_s >= 0:
-            raise ValueError(f"max_wait_s must be a number >= 0, got {max_wait_s!r}")
-        if max_queue_wait_s is not None and (
-            isinstance(max_queue_wait_s, bool)
-            or not isinstance(max_queue_wait_s, (int, float))
-            or max_queue_wait_s <= 0
-        ):
-            raise ValueError(f"max_queue_wait_s must be a number > 0 or None, got {max_queue_wait_s!r}")
-        self._max_queue_wait = max_queue_wait_s
+        self._max_wait = _number("max_wait_s", max_wait_s, 0.0)
+        self._max_queue_wait = (
+            None if max_queue_wait_s is None else _number("max_queue_wait_s", max_queue_wait_s, 0.0, open_low=True)
+        )
         self._growth_estimator = growth_estimator
         self._progress_fn = progress_fn
         self._budget = positive_int("max_inflight_cost", max_inflight_cost)
         self._max_inflight = positive_int("max_inflight", max_inflight)
         self._order = order
         self._lookahead = positive_int("lookahead", lookahead)
-        self._max_wait = float(max_wait_s)
         self._peak = bool(peak_estimate)
 
         self._running = set()

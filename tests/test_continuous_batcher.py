@@ -1133,6 +1133,26 @@ async def test_max_queue_wait_sheds_what_would_wait_too_long_and_serves_the_rest
         assert batcher.stats.total_submitted == 3 + len(accepted)  # refused records were never submitted
 
 
-def test_max_queue_wait_must_be_positive():
-    with pytest.raises(ValueError, match="max_queue_wait_s"):
-        ContinuousBatcher(lambda r: r, max_queue_wait_s=0)
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("max_queue_wait_s", 0),
+        ("max_queue_wait_s", -1.0),
+        ("max_queue_wait_s", True),
+        ("max_queue_wait_s", "2"),
+        ("max_wait_s", -0.5),
+        ("max_wait_s", float("nan")),
+        ("max_wait_s", False),
+        ("max_wait_s", None),
+    ],
+)
+def test_bad_waits_are_refused_by_name(setting, value):
+    """``max_queue_wait_s`` must be above 0 (or None: no objective), ``max_wait_s`` at least 0; neither a bool."""
+    with pytest.raises(ValueError, match=f"{setting} must be a number in .*got {value!r}"):
+        ContinuousBatcher(lambda r: r, **{setting: value})
+
+
+def test_waits_in_range_are_kept():
+    batcher = ContinuousBatcher(lambda r: r, max_wait_s=0, max_queue_wait_s=1.5)
+    assert (batcher._max_wait, batcher._max_queue_wait) == (0.0, 1.5)
+    assert ContinuousBatcher(lambda r: r, max_queue_wait_s=None)._max_queue_wait is None
