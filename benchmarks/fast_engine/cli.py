@@ -8,6 +8,8 @@ decides what users see. Peers, each started afresh on it in every round (order a
   app             ``serve run serve_config.yaml`` as shipped, one replica, the model swapped for the tiny one
   vllm            vLLM's OpenAI server as shipped (its CPU build keeps one core for its scheduler)
   vllm-all-cores  the same on every core (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``), which a GPU user's server has
+  app-paced       (when named) the app with each stream sending at most one chunk per 30 ms
+  app-one-core    (when named) the app with its engine on one core and the other kept, as vLLM's CPU build ships
 
 ``vllm bench serve`` streams random prompts (input 128 tokens, output exactly ``--output-len``, ``ignore_eos``) to
 ``/v1/completions`` and ``/v1/chat/completions`` at each concurrency (``--max-concurrency``; twice as many
@@ -21,8 +23,8 @@ completions of 20-60 tokens with ``max_tokens`` 1, ``echo`` and ``logprobs``, 8 
 latency and the serving layer's CPU per request.
 
     python -m benchmarks.fast_engine [--quick] [--rounds 2] [--concurrency 64 256 1024] [--output-len 256]
-                                     [--peers app vllm vllm-all-cores app-paced] [--backends openai openai-chat]
-                                     [--scoring-requests 200]
+                                     [--peers app vllm vllm-all-cores app-paced app-one-core]
+                                     [--backends openai openai-chat] [--scoring-requests 200]
 """
 
 from __future__ import annotations
@@ -121,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fast_engine", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="64 streams, output 128, one round: a smoke run")
     parser.add_argument(
-        "--peers", nargs="+", choices=CHOICES, default=list(PEERS), help="app-paced: the app with its streams paced"
+        "--peers",
+        nargs="+",
+        choices=CHOICES,
+        default=list(PEERS),
+        help="app-paced: the app with its streams paced; app-one-core: its engine on one core",
     )
     parser.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
     parser.add_argument("--concurrency", nargs="+", type=int, default=None, help=f"default: {CONCURRENCY}")

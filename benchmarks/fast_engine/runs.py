@@ -30,7 +30,14 @@ PACED = "app-paced"
 PACED_INTERVAL_S = 0.03
 """``app-paced`` (not run unless named): the app with ``batcher.stream_interval_s`` at this, each stream at most one
 chunk per 30 ms (off in the shipped config)."""
-CHOICES = (*PEERS, PACED)
+ONE_CORE = "app-one-core"
+"""``app-one-core`` (not run unless named): the app with its engine computing on one core and the other kept
+(``vllm.cpu_reserved_cores: 1``), the layout vLLM's CPU build ships, so the serving layers meet on equal engines."""
+VARIANTS = {  # the app's variants: the settings each changes over the shipped config
+    PACED: {"batcher": {"stream_interval_s": PACED_INTERVAL_S}},
+    ONE_CORE: {"vllm": {"cpu_reserved_cores": 1}},
+}
+CHOICES = (*PEERS, *VARIANTS)
 INPUT_LEN, OUTPUT_LEN = 128, 256
 CONCURRENCY = (64, 256, 1024)
 PROMPTS_PER_SLOT = 2
@@ -117,10 +124,10 @@ def run_status(failed: int, errors: list[str]) -> str:
 
 
 def started_as(peer: str, fleet: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """What :func:`~benchmarks.serving.peers.running` starts for ``peer``, and the app's args over ``fleet``:
-    ``app-paced`` is the app with its streams paced."""
-    if peer == PACED:
-        return "app", merged(fleet, {"batcher": {"stream_interval_s": PACED_INTERVAL_S}})
+    """What :func:`~benchmarks.serving.peers.running` starts for ``peer``, and the app's args over ``fleet``: a
+    variant (:data:`VARIANTS`) is the app with its settings changed."""
+    if peer in VARIANTS:
+        return "app", merged(fleet, VARIANTS[peer])
     return peer, fleet
 
 

@@ -15,6 +15,7 @@ from benchmarks.fast_engine.cli import page
 from benchmarks.fast_engine.cpu import ROLES, Sampler, role, snapshot, spent
 from benchmarks.fast_engine.model import TINY, make_tiny_model
 from benchmarks.fast_engine.runs import (
+    ONE_CORE,
     PACED,
     PACED_INTERVAL_S,
     SCORING,
@@ -234,3 +235,11 @@ def test_the_paced_peer_is_the_app_with_its_streams_paced():
     assert kind == "app" and args["model"] == "/tiny" and fleet == {"model": "/tiny", "served_model_name": "tiny"}
     config = AppConfig.model_validate({"engine": "simulated", "batcher": args["batcher"]})  # a setting the app takes
     assert config.batcher.stream_interval_s == PACED_INTERVAL_S > 0
+
+
+def test_the_one_core_peer_is_the_app_with_a_core_kept_from_its_engine():
+    fleet = {"model": "/tiny", "served_model_name": "tiny"}
+    kind, args = started_as(ONE_CORE, fleet)
+    assert kind == "app" and args["model"] == "/tiny" and "vllm" not in fleet
+    config = AppConfig.model_validate({"engine": "simulated", "vllm": args["vllm"]})  # a setting the app takes
+    assert config.vllm.cpu_reserved_cores == 1
