@@ -10,6 +10,7 @@ decides what users see. Peers, each started afresh on it in every round (order a
   vllm-all-cores  the same on every core (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``), which a GPU user's server has
   app-paced       (when named) the app with each stream sending at most one chunk per 30 ms
   app-one-core    (when named) the app with its engine on one core and the other kept, as vLLM's CPU build ships
+  app-as-vllm     (when named) the same with vLLM's own step size: the app's engine set as vLLM's server sets its own
 
 ``vllm bench serve`` streams random prompts (input 128 tokens, output exactly ``--output-len``, ``ignore_eos``) to
 ``/v1/completions`` and ``/v1/chat/completions`` at each concurrency (``--max-concurrency``; twice as many
@@ -23,7 +24,7 @@ completions of 20-60 tokens with ``max_tokens`` 1, ``echo`` and ``logprobs``, 8 
 latency and the serving layer's CPU per request.
 
     python -m benchmarks.fast_engine [--quick] [--rounds 2] [--concurrency 64 256 1024] [--output-len 256]
-                                     [--peers app vllm vllm-all-cores app-paced app-one-core]
+                                     [--peers app vllm vllm-all-cores app-paced app-one-core app-as-vllm]
                                      [--backends openai openai-chat] [--scoring-requests 200]
 """
 
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=CHOICES,
         default=list(PEERS),
-        help="app-paced: the app with its streams paced; app-one-core: its engine on one core",
+        help="app-paced: the app with its streams paced; app-one-core: its engine on one core; app-as-vllm: its engine "
+        "set as vLLM's server sets its own",
     )
     parser.add_argument("--backends", nargs="+", choices=list(BACKENDS), default=list(BACKENDS))
     parser.add_argument("--concurrency", nargs="+", type=int, default=None, help=f"default: {CONCURRENCY}")

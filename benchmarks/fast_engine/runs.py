@@ -33,9 +33,14 @@ chunk per 30 ms (off in the shipped config)."""
 ONE_CORE = "app-one-core"
 """``app-one-core`` (not run unless named): the app with its engine computing on one core and the other kept
 (``vllm.cpu_reserved_cores: 1``), the layout vLLM's CPU build ships, so the serving layers meet on equal engines."""
+AS_VLLM = "app-as-vllm"
+"""``app-as-vllm`` (not run unless named): the app's engine set as ``vllm serve`` sets its own on a CPU, one core kept
+and vLLM's own step size (``vllm.max_num_batched_tokens: null``, 2048 tokens, where the app's ``auto`` keeps a CPU's
+steps at 512), so the two differ only in their serving layers."""
 VARIANTS = {  # the app's variants: the settings each changes over the shipped config
     PACED: {"batcher": {"stream_interval_s": PACED_INTERVAL_S}},
     ONE_CORE: {"vllm": {"cpu_reserved_cores": 1}},
+    AS_VLLM: {"vllm": {"cpu_reserved_cores": 1, "max_num_batched_tokens": None}},
 }
 CHOICES = (*PEERS, *VARIANTS)
 INPUT_LEN, OUTPUT_LEN = 128, 256

@@ -15,6 +15,7 @@ from benchmarks.fast_engine.cli import page
 from benchmarks.fast_engine.cpu import ROLES, Sampler, role, snapshot, spent
 from benchmarks.fast_engine.model import TINY, make_tiny_model
 from benchmarks.fast_engine.runs import (
+    AS_VLLM,
     ONE_CORE,
     PACED,
     PACED_INTERVAL_S,
@@ -243,3 +244,6 @@ def test_the_one_core_peer_is_the_app_with_a_core_kept_from_its_engine():
     assert kind == "app" and args["model"] == "/tiny" and "vllm" not in fleet
     config = AppConfig.model_validate({"engine": "simulated", "vllm": args["vllm"]})  # a setting the app takes
     assert config.vllm.cpu_reserved_cores == 1
+    kind, args = started_as(AS_VLLM, fleet)
+    config = AppConfig.model_validate({"engine": "simulated", "vllm": args["vllm"]})
+    assert kind == "app" and config.vllm.cpu_reserved_cores == 1 and config.vllm.max_num_batched_tokens is None
