@@ -36,13 +36,9 @@ ONE_CORE = "app-one-core"
 AS_VLLM = "app-as-vllm"
 """``app-as-vllm`` (not run unless named): the app's engine set as ``vllm serve`` sets its own on a CPU, one core kept
 and vLLM's own step size (``vllm.max_num_batched_tokens: null``, 2048 tokens, where the app's ``auto`` keeps a CPU's
-steps at 512), so the two differ only in their serving layers."""
-VARIANTS = {  # the app's variants: the settings each changes over the shipped config
-    PACED: {"batcher": {"stream_interval_s": PACED_INTERVAL_S}},
-    ONE_CORE: {"vllm": {"cpu_reserved_cores": 1}},
-    AS_VLLM: {"vllm": {"cpu_reserved_cores": 1, "max_num_batched_tokens": None}},
-}
-CHOICES = (*PEERS, *VARIANTS)
+steps at 512), so the two differ only in their serving layers. Both are started by their names, as the serving
+benchmark's app peers that change only the app's ``vllm`` settings (``APP_VLLM``)."""
+CHOICES = (*PEERS, PACED, ONE_CORE, AS_VLLM)
 INPUT_LEN, OUTPUT_LEN = 128, 256
 CONCURRENCY = (64, 256, 1024)
 PROMPTS_PER_SLOT = 2
@@ -129,10 +125,10 @@ def run_status(failed: int, errors: list[str]) -> str:
 
 
 def started_as(peer: str, fleet: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """What :func:`~benchmarks.serving.peers.running` starts for ``peer``, and the app's args over ``fleet``: a
-    variant (:data:`VARIANTS`) is the app with its settings changed."""
-    if peer in VARIANTS:
-        return "app", merged(fleet, VARIANTS[peer])
+    """What :func:`~benchmarks.serving.peers.running` starts for ``peer``, and the app's args over ``fleet``:
+    ``app-paced`` is the app with its streams paced."""
+    if peer == PACED:
+        return "app", merged(fleet, {"batcher": {"stream_interval_s": PACED_INTERVAL_S}})
     return peer, fleet
 
 

@@ -33,6 +33,8 @@ PEERS = (
 )
 APP_VLLM = {  # app peers that change only the app's `vllm` settings
     "app-all-cores": {"cpu_reserved_cores": 0},
+    "app-one-core": {"cpu_reserved_cores": 1},  # the engine on one core, as vLLM's CPU build ships (fast_engine)
+    "app-as-vllm": {"cpu_reserved_cores": 1, "max_num_batched_tokens": None},  # and vLLM's own steps (fast_engine)
 }
 SLO_INFLIGHT, SLO_QUEUE_WAIT_S = 32, 4.0  # app-slo's batcher: engine share and admission wait
 READY_MARKER = "RAY_SERVE_LLM_READY"

@@ -28,6 +28,7 @@ from benchmarks.fast_engine.runs import (
     summary,
 )
 from benchmarks.fast_engine.scoring import PROMPT_TOKENS, body, prompts
+from benchmarks.serving.peers import app_overrides
 from serve_app.config import AppConfig
 from serve_app.engines.procs import CLOCK_TICKS
 
@@ -238,12 +239,13 @@ def test_the_paced_peer_is_the_app_with_its_streams_paced():
     assert config.batcher.stream_interval_s == PACED_INTERVAL_S > 0
 
 
-def test_the_one_core_peer_is_the_app_with_a_core_kept_from_its_engine():
+def test_the_one_core_peers_are_the_app_with_a_core_kept_from_its_engine():
     fleet = {"model": "/tiny", "served_model_name": "tiny"}
-    kind, args = started_as(ONE_CORE, fleet)
-    assert kind == "app" and args["model"] == "/tiny" and "vllm" not in fleet
-    config = AppConfig.model_validate({"engine": "simulated", "vllm": args["vllm"]})  # a setting the app takes
+    assert started_as(ONE_CORE, fleet) == (ONE_CORE, fleet) and started_as(AS_VLLM, fleet) == (AS_VLLM, fleet)
+    llm, _ = app_overrides(ONE_CORE, None, fleet)  # what `running` starts for it
+    assert llm["model"] == "/tiny" and "vllm" not in fleet
+    config = AppConfig.model_validate({"engine": "simulated", "vllm": llm["vllm"]})  # settings the app takes
     assert config.vllm.cpu_reserved_cores == 1
-    kind, args = started_as(AS_VLLM, fleet)
-    config = AppConfig.model_validate({"engine": "simulated", "vllm": args["vllm"]})
-    assert kind == "app" and config.vllm.cpu_reserved_cores == 1 and config.vllm.max_num_batched_tokens is None
+    llm, _ = app_overrides(AS_VLLM, None, fleet)
+    config = AppConfig.model_validate({"engine": "simulated", "vllm": llm["vllm"]})
+    assert config.vllm.cpu_reserved_cores == 1 and config.vllm.max_num_batched_tokens is None
