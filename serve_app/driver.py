@@ -29,7 +29,7 @@ from typing import Any
 
 from .config import DATA_PRIORITY
 from .data.progress import JobProgress
-from .data.resume import IO_CPUS, checkpointed_rows, local_shape, read
+from .data.resume import IO_CPUS, checkpointed_rows, local_shape, read, unwritten_rows
 from .data.summary import batch_summary, replica_stats, summarize
 
 logger = logging.getLogger(__name__)
@@ -118,27 +118,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rows_in = min(rows_in, args.limit) if args.limit else rows_in
     concurrency = args.concurrency or app_capacity(app, deployment)
     batch_size = args.batch_size or (EMBED_BATCH_SIZE if embedding else DEFAULT_BATCH_SIZE)
-    blocks = job_blocks(rows_in, batch_size, concurrency)
-    ds = read(args.input, id_column=args.id_column, blocks=blocks, columns=columns)
-    if args.limit:
-        ds = ds.limit(args.limit)
     before = replica_stats(app, deployment)
-    common = {"app": app, "deployment": deployment, "concurrency": concurrency, "fail_fast": args.fail_fast}
     progress = JobProgress(rows_in - skipped, args.progress_s, "tokens/s" if embedding else "output tok/s")
-    common |= {"checkpoint": checkpoint, "id_column": args.id_column, "progress": progress.counter}
-    sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-    origin = {"priority": args.priority, "tenant": args.tenant}
-    if embedding:
-        out = embed(ds, text_column=column, batch_size=batch_size, **common)
-    elif chat_fields is not None:
-        out = chat(ds, messages_column=column, batch_size=batch_size, **common, **origin, **chat_fields, **sampling)
-    else:
-        out = generate(ds, prompt_column=column, batch_size=batch_size, **common, **origin, **sampling)
     started = time.monotonic()
-    write = out.write_parquet if args.format == "parquet" else out.write_json
-    mode = "append" if args.resume else "overwrite"  # a fresh run replaces the last output
-    with progress:
-        write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode=mode)
+    if skipped and unwritten_rows(args.input, checkpoint, args.id_column) == 0:
+        logger.info("every row of '%s' is in the checkpoint '%s': nothing to run", args.input, checkpoint)
+    else:
+        ds = read(
+            args.input, id_column=args.id_column, blocks=job_blocks(rows_in, batch_size, concurrency), columns=columns
+        )
+        if args.limit:
+            ds = ds.limit(args.limit)
+        common = {"app": app, "deployment": deployment, "concurrency": concurrency, "fail_fast": args.fail_fast}
+        common |= {"checkpoint": checkpoint, "id_column": args.id_column, "progress": progress.counter}
+        sampling = {"max_tokens": args.max_tokens} if args.max_tokens else {}
+        origin = {"priority": args.priority, "tenant": args.tenant}
+        if embedding:
+            out = embed(ds, text_column=column, batch_size=batch_size, **common)
+        elif chat_fields is not None:
+            out = chat(ds, messages_column=column, batch_size=batch_size, **common, **origin, **chat_fields, **sampling)
+        else:
+            out = generate(ds, prompt_column=column, batch_size=batch_size, **common, **origin, **sampling)
+        write = out.write_parquet if args.format == "parquet" else out.write_json
+        mode = "append" if args.resume else "overwrite"  # a fresh run replaces the last output
+        with progress:
+            write(args.output, ray_remote_args={"num_cpus": IO_CPUS}, mode=mode)
     wall = time.monotonic() - started
     after = replica_stats(app, deployment)  # before reading the output back: that time is not the job's
     result = summarize(args.output, args.format, "answer" in columns and not embedding, args.task, args.id_column)

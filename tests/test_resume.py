@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -50,7 +51,7 @@ def written(folder: Path) -> list[dict]:
     return [json.loads(line) for f in sorted(folder.glob("*.json*")) for line in f.read_text().splitlines() if line]
 
 
-def test_a_killed_driver_resumes_with_only_the_unwritten_rows(app, tmp_path):
+def test_a_killed_driver_resumes_with_only_the_unwritten_rows(app, tmp_path, caplog):
     import ray
 
     from serve_app import driver
@@ -83,8 +84,10 @@ def test_a_killed_driver_resumes_with_only_the_unwritten_rows(app, tmp_path):
     assert sorted(ids) == sorted(f"problems.jsonl:{i}" for i in range(rows))  # every row, each once
     assert summary["rows_in"] == summary["rows_out"] == rows and summary["duplicate_ids"] == 0
     assert all(r["error"] is None and r["output_tokens"] == 4 for r in got)
-    again = driver.run(args)  # a finished job resumed: nothing left to send, nothing written twice
+    with caplog.at_level(logging.INFO, logger="serve_app.driver"):
+        again = driver.run(args)  # a finished job resumed: nothing left to send, nothing written twice
     assert again["rows_skipped"] == rows and again["rows_out"] == rows and again["duplicate_ids"] == 0
+    assert "nothing to run" in caplog.text  # ended before Ray Data started a read, an actor or a filter
 
 
 @pytest.mark.parametrize("own_ids", [False, True], ids=["numbered", "own-ids"])
@@ -137,7 +140,7 @@ def test_rows_without_ids_are_numbered_by_file_and_position_in_every_format(serv
     import pyarrow.parquet as pq
 
     from serve_app.data import read
-    from serve_app.data.resume import local_shape, positioned
+    from serve_app.data.resume import PENDING_SUFFIX, local_shape, positioned, unwritten_rows
 
     rows = [{"prompt": f"p{i}", "n": i} for i in range(5)]
     (tmp_path / "a.json").write_text(json.dumps(rows))  # one JSON array
@@ -174,6 +177,22 @@ def test_rows_without_ids_are_numbered_by_file_and_position_in_every_format(serv
     (folder / "notes.md").write_text("not an input")
     assert local_shape(str(folder)) is None  # a folder with other files: Ray Data's reader decides what it reads
     assert local_shape(str(tmp_path / "missing.jsonl")) is None
+    # a checkpoint holding the ids Ray Data read holds every row the driver counts here, and one id short is one row
+    (folder / "notes.md").unlink()
+    for path, kind in [(p, None) for p in ("a.json", "b.csv", "c.parquet", "parts", "own.jsonl")] + [
+        ("lines.txt", "text")
+    ]:
+        ds = positioned(str(tmp_path / path), kind, "id") if kind else read(str(tmp_path / path), id_column="id")
+        ids = [r["id"] for r in ds.take_all()]
+        checkpoint = tmp_path / f"checkpoint-{path}"
+        checkpoint.mkdir()
+        pq.write_table(pa.table({"id": ids[1:]}), checkpoint / "part.parquet")
+        assert unwritten_rows(str(tmp_path / path), checkpoint, "id", kind) == 1, path
+        pq.write_table(pa.table({"id": ids[:1]}), checkpoint / "first.parquet")
+        assert unwritten_rows(str(tmp_path / path), checkpoint, "id", kind) == 0, path
+        (checkpoint / "first.parquet").rename(checkpoint / f"first{PENDING_SUFFIX}")  # not committed: not written
+        assert unwritten_rows(str(tmp_path / path), checkpoint, "id", kind) == 1, path
+    assert unwritten_rows(str(tmp_path / "missing.jsonl"), tmp_path / "checkpoint-a.json", "id") is None
 
 
 def test_in_process_jobs_resume_with_checkpointed(serve_instance, tmp_path):

@@ -56,10 +56,9 @@ LOCAL_SHAPE_BYTES = 256 << 20
 execution to count them costs seconds of task start-up on a small machine, each time."""
 
 
-def local_shape(path: str, kind: str | None = None) -> tuple[list[str], int] | None:
-    """The columns and row count of a local input (a file, or a folder of ``kind``'s files) of at most
-    :data:`LOCAL_SHAPE_BYTES`, read here as the job's read tasks read it (``kind``: by extension where not given);
-    None for anything else, which Ray Data then measures."""
+def local_files(path: str, kind: str | None = None) -> list[Path] | None:
+    """A local input's files of ``kind`` (by extension where not given), a file or a folder of them, when they
+    hold at most :data:`LOCAL_SHAPE_BYTES` in all; None for anything else, which Ray Data then reads."""
     root = Path(path)
     kind = kind or input_kind(path)
     suffixes = {suffix for suffix, k in READERS.items() if k == kind}
@@ -67,6 +66,16 @@ def local_shape(path: str, kind: str | None = None) -> tuple[list[str], int] | N
     if not files or (root.is_dir() and any(f.suffix.lower() not in suffixes for f in files)):
         return None
     if sum(f.stat().st_size for f in files) > LOCAL_SHAPE_BYTES:
+        return None
+    return files
+
+
+def local_shape(path: str, kind: str | None = None) -> tuple[list[str], int] | None:
+    """The columns and row count of a local input (:func:`local_files`), read here as the job's read tasks read
+    it; None for anything else, which Ray Data then measures."""
+    kind = kind or input_kind(path)
+    files = local_files(path, kind)
+    if files is None:
         return None
     columns: list[str] = []
     rows = 0
@@ -76,6 +85,24 @@ def local_shape(path: str, kind: str | None = None) -> tuple[list[str], int] | N
                 columns += [name for name in table.column_names if name not in columns]
                 rows += table.num_rows
     return columns, rows
+
+
+def unwritten_rows(path: str, checkpoint: str | Path, id_column: str, kind: str | None = None) -> int | None:
+    """How many rows of a local input (:func:`local_files`) a checkpoint does not record as written, by their ids
+    (the input's own ``id_column``, else :func:`positioned`'s); None for an input not read here. A rerun of a
+    finished job can end here, before Ray Data starts its actors and its checkpoint filter asks for a CPU."""
+    kind = kind or input_kind(path)
+    files = local_files(path, kind)
+    if files is None:
+        return None
+    written = recorded_ids(checkpoint, id_column)
+    root = id_root(path)
+    left = 0
+    for file in files:
+        with open(file, "rb") as f:
+            for table in numbered_tables(f, kind, os.path.relpath(file.resolve(), root), id_column):
+                left += sum(1 for row_id in table[id_column].to_pylist() if row_id not in written)
+    return left
 
 
 def read(path: str, id_column: str | None = None, blocks: int | None = None, columns: list[str] | None = None) -> Any:
@@ -99,8 +126,7 @@ def positioned(path: str, kind: str, id_column: str, blocks: int | None = None) 
     column ``text``) with ``id_column`` set to ``"<file>:<row>"``, in about ``blocks`` blocks."""
     import ray.data
 
-    root = str(Path(path).resolve().parent if Path(path).is_file() else Path(path).resolve())
-    source = PositionedFiles(path, kind=kind, id_column=id_column, root=root)
+    source = PositionedFiles(path, kind=kind, id_column=id_column, root=id_root(path))
     return ray.data.read_datasource(source, num_cpus=IO_CPUS, override_num_blocks=blocks)
 
 
@@ -120,12 +146,25 @@ class PositionedFiles(FileBasedDatasource):
         return super()._open_input_source(filesystem, path, **open_args)
 
     def _read_stream(self, f: Any, path: str) -> Iterator[pa.Table]:
-        name = os.path.relpath(path, self.root)
-        row = 0
-        for table in positioned_tables(f, self.kind):
+        yield from numbered_tables(f, self.kind, os.path.relpath(path, self.root), self.id_column)
+
+
+def id_root(path: str) -> str:
+    """The folder a positioned id's file name is relative to: the input's own, or the input folder."""
+    return str(Path(path).resolve().parent if Path(path).is_file() else Path(path).resolve())
+
+
+def numbered_tables(f: Any, kind: str, name: str, id_column: str) -> Iterator[pa.Table]:
+    """One file's rows (``f``, open for reading bytes; ``name``, its path from :func:`id_root`) with ``id_column``:
+    the file's own where it has one, else ``"<name>:<row>"``, counted from 0 (a text file's blank lines keep
+    their numbers)."""
+    row = 0
+    for table in positioned_tables(f, kind):
+        if id_column not in table.column_names:
             ids = pa.array([f"{name}:{i}" for i in range(row, row + table.num_rows)], type=pa.string())
-            row += table.num_rows
-            yield _rows(table.append_column(self.id_column, ids), self.kind)  # blank lines keep their numbers
+            table = table.append_column(id_column, ids)
+        row += table.num_rows
+        yield _rows(table, kind)
 
 
 def file_tables(f: Any, kind: str) -> Iterator[pa.Table]:
@@ -203,12 +242,25 @@ def wait_for_free_cpus(timeout_s: float | None = None) -> float | None:
     return free
 
 
+def recorded_files(path: str | Path) -> list[Path]:
+    """A checkpoint folder's committed files (none where there is no folder)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return []
+    return [f for f in folder.glob("*.parquet") if not f.name.endswith(PENDING_SUFFIX)]
+
+
 def checkpointed_rows(path: str | Path, id_column: str = "id") -> int:
     """How many rows a checkpoint folder records as written (committed blocks only)."""
     import pyarrow.parquet as pq
 
-    folder = Path(path)
-    if not folder.is_dir():
-        return 0
-    files = [f for f in folder.glob("*.parquet") if not f.name.endswith(PENDING_SUFFIX)]
-    return sum(pq.read_metadata(f).num_rows for f in files)
+    return sum(pq.read_metadata(f).num_rows for f in recorded_files(path))
+
+
+def recorded_ids(path: str | Path, id_column: str) -> set[Any]:
+    """The ids a checkpoint folder records as written (committed blocks only)."""
+    import pyarrow.parquet as pq
+
+    return {
+        row_id for f in recorded_files(path) for row_id in pq.read_table(f, columns=[id_column])[id_column].to_pylist()
+    }
