@@ -29,7 +29,7 @@ from typing import Any
 
 from .config import DATA_PRIORITY
 from .data.progress import JobProgress
-from .data.resume import IO_CPUS, checkpointed_rows, local_shape, read, unwritten_rows
+from .data.resume import IO_CPUS, checkpointed_rows, local_shape, nothing_left, read
 from .data.summary import batch_summary, replica_stats, summarize
 
 logger = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     before = replica_stats(app, deployment)
     progress = JobProgress(rows_in - skipped, args.progress_s, "tokens/s" if embedding else "output tok/s")
     started = time.monotonic()
-    if skipped and unwritten_rows(args.input, checkpoint, args.id_column) == 0:
+    if nothing_left(args.input, checkpoint, args.id_column, rows_in, skipped):
         logger.info("every row of '%s' is in the checkpoint '%s': nothing to run", args.input, checkpoint)
     else:
         ds = read(

@@ -30,7 +30,7 @@ from ..config import DATA_PRIORITY
 from ..errors import ERROR_TABLE, error_body, exception_body, validation_error
 from .jobs import actor_pool, app_handle, job_blocks, job_tenant
 from .progress import JobProgress, report
-from .resume import IO_CPUS, checkpointed, checkpointed_rows, local_shape, positioned, unwritten_rows
+from .resume import IO_CPUS, checkpointed, checkpointed_rows, local_shape, nothing_left, positioned
 from .retries import Retries
 
 logger = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ def run_batch_file(
     skipped = checkpointed_rows(checkpoint)
     shape = local_shape(str(requests), kind="text")
     lines_in = shape[1] if shape else positioned(str(requests), kind="text", id_column="id").count()
-    if skipped and unwritten_rows(str(requests), checkpoint, "id", kind="text") == 0:
+    if nothing_left(str(requests), checkpoint, "id", lines_in, skipped, kind="text"):
         logger.info("every line of '%s' is in the checkpoint '%s': nothing to send", requests, checkpoint)
         return assemble(parts, output, lines_in, skipped)
     calls = max(1, math.ceil(concurrency / batch_size))

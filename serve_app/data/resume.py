@@ -105,6 +105,15 @@ def unwritten_rows(path: str, checkpoint: str | Path, id_column: str, kind: str 
     return left
 
 
+def nothing_left(
+    path: str, checkpoint: str | Path, id_column: str, rows: int, recorded: int, kind: str | None = None
+) -> bool:
+    """Whether a resumed job over a local input of ``rows`` rows, whose checkpoint records ``recorded``, has
+    every row written (:func:`unwritten_rows`). The ids are read only where the checkpoint holds as many rows as
+    the input: with fewer, some row is left for certain, and a partial resume does not read its input twice."""
+    return 0 < recorded >= rows and unwritten_rows(path, checkpoint, id_column, kind) == 0
+
+
 def read(path: str, id_column: str | None = None, blocks: int | None = None, columns: list[str] | None = None) -> Any:
     """A Ray Dataset from a file or folder, by extension. With ``id_column``, rows that the files do not already
     number get that column: ``"<file>:<row>"``, stable across runs (what a checkpoint needs). ``blocks`` splits
