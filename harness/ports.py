@@ -11,6 +11,9 @@ from pathlib import Path
 RAY_WORKER_PORTS_END = 20000
 """Ray's worker processes listen on 10002-19999 by default (``--min/max-worker-port``): a port is picked above."""
 _handed_out: set[int] = set()
+_picker = random.Random()
+"""Ports are picked with a generator of their own: the ``random`` module's shared state is left to the caller (a
+seeded test, or Hypothesis, which takes a change of it during a draw for a strategy's own use)."""
 
 
 def ephemeral_ports() -> tuple[int, int]:
@@ -29,7 +32,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     can."""
     low = ephemeral_ports()[0]
     candidates = [port for port in range(RAY_WORKER_PORTS_END, low) if port not in _handed_out]
-    for port in random.sample(candidates, min(len(candidates), 200)):
+    for port in _picker.sample(candidates, min(len(candidates), 200)):
         with socket.socket() as sock:
             try:
                 sock.bind((host, port))

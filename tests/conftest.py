@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -95,9 +96,13 @@ class SessionCluster:
         # Ray's processes die with the thread that started them (Linux's parent-death signal): this one stays.
         self._closed.wait()
 
+    def started(self) -> None:
+        """Wait until Ray and Serve are up (or failed to come up): the starting thread's calls into Ray have ended."""
+        self._up.wait()
+
     def url(self) -> str:
         """The Serve HTTP base URL, once Ray and Serve are up."""
-        self._up.wait()
+        self.started()
         if self._error is not None:
             raise self._error
         return self._url
@@ -148,6 +153,16 @@ def cluster_started_early(request) -> Iterator[None]:
     if _cluster is None and any(pytest_tiers.uses(item, "serve_instance") for item in above_unit):
         _cluster = SessionCluster([name for name in SLOW_APPS if any(uses_slow_app(item, name) for item in items)])
     yield
+
+
+@pytest.hookimpl(trylast=True)  # after the fixtures' setup, which starts the cluster with the session's first test
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that draws with Hypothesis waits until a starting session cluster is up: Ray draws from the
+    ``random`` module as it starts, and Hypothesis takes a change of that state during a draw for the strategy's own
+    use of ``random`` (a ``HypothesisDeprecationWarning``, an error in a later Hypothesis)."""
+    hypothesis, module = sys.modules.get("hypothesis"), getattr(item, "module", None)
+    if _cluster is not None and hypothesis is not None and getattr(module, "given", None) is hypothesis.given:
+        _cluster.started()
 
 
 @pytest.fixture(scope="session")
