@@ -270,10 +270,10 @@ async def test_openai_client_embeddings_equal_sentence_transformers_in_order(ser
         ({"input": [[5, 99999999]]}, 400, "input", "token ids"),
         ({"input": "hi", "model": "gpt-nope"}, 404, "model", "does not exist"),
         ({"input": "hi", "dimensions": 64}, 400, "dimensions", "384"),
-        ({"input": "hi", "encoding_format": "int8"}, 422, "encoding_format", "float"),
+        ({"input": "hi", "encoding_format": "int8"}, 400, "encoding_format", "float"),
         ({"input": "hi", "embed_dtype": "float16"}, 400, "embed_dtype", "vLLM extension is not supported"),
-        ({"input": 42}, 422, "input", "valid"),
-        ({}, 422, "input", "Field required"),
+        ({"input": 42}, 400, "input", "valid"),
+        ({}, 400, "input", "Field required"),
     ],
 )
 async def test_bad_embedding_requests_get_openai_errors_naming_the_field(served, body, status, param, words):

@@ -125,7 +125,7 @@ def test_stored_responses_are_got_and_deleted_and_an_unknown_one_is_a_404(client
         ),
         ({"text": {"format": {"type": "json_object"}}}, 400, "text.format"),  # the simulated engine constrains nothing
         ({"background": True}, 400, "background"),
-        ({"max_output_tokens": 0}, 422, "max_output_tokens"),
+        ({"max_output_tokens": 0}, 400, "max_output_tokens"),
         ({"model": "gpt-9"}, 404, "model"),
     ],
 )

@@ -1,7 +1,7 @@
 """HTTP answers for every FastAPI app of the project: each exception of the error table
 (:mod:`serve_app.errors`) as its status in OpenAI's envelope (``Retry-After`` on what may be retried), pydantic's
-refusals as 422 naming the field, and Server-Sent Events that end with an error event when a stream fails after its
-status line has gone out (as vLLM's server sends it), then ``[DONE]``."""
+refusals as 400 naming the field (422 on the seeds' ``/generate``), and Server-Sent Events that end with an error
+event when a stream fails after its status line has gone out (as vLLM's server sends it), then ``[DONE]``."""
 
 from __future__ import annotations
 
@@ -40,10 +40,16 @@ async def _answer(_: Request, exc: Exception) -> Response:
     return exception_response(exc)
 
 
-async def _invalid(_: Request, exc: RequestValidationError) -> Response:
-    """422 naming each bad field (FastAPI's own handler echoes the input unescaped)."""
+SEED_ROUTES = frozenset({"/generate"})
+"""Routes of the seeds' API, a FastAPI app, whose clients get FastAPI's 422 for a malformed body; OpenAI's routes
+answer it with a 400, as OpenAI and vLLM's server do (OpenAI's clients raise ``BadRequestError`` for it)."""
+
+
+async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+    """400 (422 on :data:`SEED_ROUTES`) naming each bad field (FastAPI's own handler echoes the input unescaped)."""
     error = validation_error(exc.errors())
-    return error_response(422, str(error), error.param)
+    status = 422 if getattr(request.scope.get("route"), "path", None) in SEED_ROUTES else 400
+    return error_response(status, str(error), error.param)
 
 
 def install_error_handlers(app: FastAPI) -> None:
