@@ -13,9 +13,13 @@ from serve_app.core import Generator
 from serve_app.core.streams import Deadline
 from serve_app.engines import GenerationDelta, GenerationResult, TokenLogprob, coalesce
 from serve_app.errors import GenerationError, RequestError
+from serve_app.openai.chat import ChatCompletionRequest
 from serve_app.openai.common import SamplingFields
+from serve_app.openai.responses import ResponsesRequest
 
 from .waits import wait_for
+
+USER = {"role": "user", "content": "Say hi"}
 
 
 def core(**args) -> Generator:
@@ -43,6 +47,50 @@ async def test_one_path_streams_deltas_then_each_result_in_order():
         assert generator.stats()["requests"] == {"ongoing": 0, "peak": 1, "abandoned": 0}
     finally:
         await generator.stop()
+
+
+@pytest.mark.parametrize(
+    ("fields", "end"),
+    [
+        ({}, "<|assistant|>Hi th\n<|assistant|>"),
+        ({"add_generation_prompt": False}, "<|assistant|>Hi th\n"),
+        ({"add_generation_prompt": False, "continue_final_message": True}, "<|assistant|>Hi th"),
+    ],
+)
+async def test_a_chats_template_arguments_shape_its_prompt(fields, end):
+    """With the simulated engine's template (``<|role|>content`` lines, then the generation prompt)."""
+    prefilled = [USER, {"role": "assistant", "content": "Hi th"}]
+    body = ChatCompletionRequest.model_validate({"messages": prefilled, **fields})
+    (request,) = await core().requests.chat_completion(body)
+    assert request.prompt_text == "<|user|>Say hi\n" + end
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"continue_final_message": True}, "continue_final_message"),  # with the generation prompt, as vLLM refuses
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+    ],
+)
+async def test_template_arguments_vllm_refuses_are_refused_naming_them(fields, param):
+    body = ChatCompletionRequest.model_validate({"messages": [USER], **fields})
+    with pytest.raises(RequestError) as refused:
+        await core().requests.chat_completion(body)
+    assert refused.value.param == param
+
+
+def test_reasoning_effort_reaches_the_template_and_sets_its_thinking_unless_the_request_does():
+    """On chat completions, and from the Responses API's ``reasoning.effort``."""
+
+    def kwargs(**fields):
+        return ChatCompletionRequest.model_validate({"messages": [USER], **fields}).template_kwargs()
+
+    assert kwargs(reasoning_effort="none")["enable_thinking"] is False
+    assert kwargs(reasoning_effort="low")["reasoning_effort"] == "low"
+    assert kwargs(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True})["enable_thinking"] is True
+    assert "enable_thinking" not in kwargs()
+    responses = ResponsesRequest(input="hi", reasoning={"effort": "none"}, chat_template_kwargs={"x": 1})
+    assert kwargs(**responses.chat_body([])) == {**kwargs(reasoning_effort="none"), "x": 1}  # as chat passes them
 
 
 async def test_a_paced_stream_sends_its_first_token_at_once_and_joins_what_comes_within_the_interval():

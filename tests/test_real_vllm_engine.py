@@ -224,6 +224,24 @@ def test_prompts_are_tokenized_by_vllms_own_tokenizer_as_its_routes_do(engine, l
     assert loop.run_until_complete(engine.decode(ids)).endswith(text)
 
 
+def test_a_chat_templates_arguments_render_as_the_tokenizers_own_call(core, engine, loop):
+    """``add_generation_prompt``, ``continue_final_message`` (a prefilled answer the model goes on with) and the
+    template's own variables reach vLLM's renderer as its chat route passes them."""
+    from serve_app.openai.chat import ChatCompletionRequest
+
+    tokenizer = engine._llm.tokenizer
+    prefilled = [*FRANCE, {"role": "assistant", "content": "The capital of France is"}]
+    opened = {"add_generation_prompt": False, "continue_final_message": True}
+    for fields in ({}, {"add_generation_prompt": False}, opened):
+        body = ChatCompletionRequest.model_validate({"messages": prefilled, "chat_template_kwargs": {"x": 1}, **fields})
+        (request,) = loop.run_until_complete(core.requests.chat_completion(body))
+        switches = {"add_generation_prompt": True, **fields}
+        expected = tokenizer.apply_chat_template(prefilled, tokenize=False, x=1, **switches)
+        assert request.prompt_token_ids == tokenizer.encode(expected, add_special_tokens=False), fields
+    text = loop.run_until_complete(engine.decode(request.prompt_token_ids))
+    assert text.endswith("The capital of France is")  # left open: no end of message, no new assistant turn
+
+
 def test_an_engine_abort_while_its_caller_waits_is_a_failure_never_a_finish(core, loop):
     """vLLM ends an aborted request with finish reason "abort"; the core reports it as the failure it is."""
     from serve_app.engines import GenerationDelta, GenerationResult

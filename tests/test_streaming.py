@@ -260,7 +260,7 @@ async def test_tokenize_and_detokenize_as_vllms_server_answers_them(app):
             for body in (
                 {"prompt": "x", "return_token_strs": True},
                 {"prompt": "x", "add_special_tokens": False},
-                {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False},
+                {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True},
                 {"prompt": "x", "messages": [{"role": "user", "content": "x"}]},
                 {"prompt": "x", "model": "gpt-9"},
             )
@@ -273,7 +273,7 @@ async def test_tokenize_and_detokenize_as_vllms_server_answers_them(app):
     assert [r.json()["error"]["param"] for r in refused[:3]] == [
         "return_token_strs",
         "add_special_tokens",
-        "add_generation_prompt",
+        "continue_final_message",  # and the generation prompt: vLLM refuses both at once
     ]
 
 

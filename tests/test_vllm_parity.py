@@ -1,7 +1,7 @@
 """The same tool-calling requests to the real app and to vLLM's own server on the same model and settings (the shipped
 config's chat template, tool parser and context, the dtype and compute threads the app's engine has, eager, greedy):
 the same prompt to the token, the same tool calls and finish reasons, on chat completions and the Responses API,
-and the same status codes for what both refuse.
+the same prompt for a chat template's arguments, and the same status codes for what both refuse.
 In the soak tier: it starts vLLM's server beside the real app, which `make test` has no time for."""
 
 from __future__ import annotations
@@ -72,9 +72,18 @@ RESPONSES = [
     pytest.param({"tool_choice": {"type": "function", "name": "get_weather"}}, id="named"),
     pytest.param({"tool_choice": "auto"}, id="auto"),
 ]
+PREFILLED = [*ASK, {"role": "assistant", "content": "Let me look up the weather in"}]
+TEMPLATE_CALLS = [
+    pytest.param({"add_generation_prompt": False}, id="no generation prompt"),
+    pytest.param({"add_generation_prompt": False, "continue_final_message": True}, id="a prefilled answer"),
+    pytest.param({"chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low"}, id="variables"),
+]
 REFUSED: dict[str, dict[str, Any]] = {
     "a named function not among the tools": {"messages": ASK, "tools": [TIME], "tool_choice": NAMED},
     "required without tools": {"messages": ASK, "tool_choice": "required"},
+    "a prefilled answer after the generation prompt": {"messages": PREFILLED, "continue_final_message": True},
+    "a negative temperature": {"messages": ASK, "temperature": -1},
+    "no messages": {"messages": []},
 }
 
 
@@ -154,6 +163,14 @@ def test_the_responses_api_calls_tools_as_vllms_own_server_does(real_app, vllm_u
     app = responses_answer(post(real_app.url, "/v1/responses", body))
     vllm = responses_answer(post(vllm_url, "/v1/responses", body))
     assert app == vllm and app[0] == 200
+
+
+@pytest.mark.parametrize("fields", TEMPLATE_CALLS)
+def test_a_chat_template_call_gives_the_prompt_vllms_own_server_gives(real_app, vllm_url, fields):
+    body = {"messages": PREFILLED, **fields, "max_tokens": 1, "temperature": 0, "return_token_ids": True}
+    app, vllm = (post(url, "/v1/chat/completions", body) for url in (real_app.url, vllm_url))
+    assert app.status_code == vllm.status_code == 200, (app.text, vllm.text)
+    assert app.json()["prompt_token_ids"] == vllm.json()["prompt_token_ids"]
 
 
 def test_the_app_refuses_what_vllms_own_server_refuses_with_its_status(real_app, vllm_url):

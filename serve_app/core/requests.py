@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -94,7 +94,8 @@ class RequestBuilder:
             self._check_text(body.prompt, "prompt")
             (ids,) = await self.engine.encode([body.prompt])
             return ids
-        ids, _ = await self._encode_chat([m.template_input() for m in body.messages or ()], tools.shown(body.tools))
+        messages = [m.template_input() for m in body.messages or ()]
+        ids, _ = await self._encode_chat(messages, tools.shown(body.tools), body.template_kwargs())
         return ids  # not checked against the model's context: a client counts to learn whether it fits
 
     async def detokenize(self, body: DetokenizeRequest) -> str:
@@ -226,21 +227,26 @@ class RequestBuilder:
         n: int = 1,
         origin: Origin = INTERACTIVE,
         tools: Sequence[dict[str, Any]] | None = None,
+        template: Mapping[str, Any] | None = None,
     ) -> list[GenerationRequest]:
         """``n`` engine requests for a conversation (``{"role", "content"}`` dicts, content as text), with the
-        model's chat template applied (showing the model ``tools``, where given): the prompt counts them too."""
+        model's chat template applied (showing the model ``tools``, where given; ``template``: the call's arguments,
+        :meth:`~serve_app.engines.Engine.encode_chat`'s): the prompt counts them too."""
         if not messages:
             raise RequestError("messages must not be empty", param="messages")
-        token_ids, text = await self._encode_chat(messages, tools)
+        token_ids, text = await self._encode_chat(messages, tools, template)
         return [self._request(token_ids, text, sampling, "messages", origin) for _ in range(n)]
 
     async def _encode_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        template: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], str]:
         """Each message's text checked, then the conversation through the model's chat template."""
         for index, message in enumerate(messages):
             self._check_text(message.get("content", ""), f"messages[{index}].content")
-        return await self.engine.encode_chat(messages, tools)
+        return await self.engine.encode_chat(messages, tools, template)
 
     # -- OpenAI bodies ------------------------------------------------------------------------------------
 
@@ -265,7 +271,8 @@ class RequestBuilder:
         if constraint is not None:
             sampling = replace(sampling, structured_outputs=constraint)
             self._check_engine(sampling, "tools")  # the constraint is the tools' parameters: a refusal names them
-        requests = await self.chat(body.conversation(), sampling, body.n, body.origin, body.tool_dicts())
+        conversation, template = body.conversation(), body.template_kwargs()
+        requests = await self.chat(conversation, sampling, body.n, body.origin, body.tool_dicts(), template)
         if not body.include_reasoning:  # vLLM's: no thoughts wanted, so the constraint holds from the first token
             for request in requests:
                 request.reasoning_ended = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,10 +153,15 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     async def encode_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        template: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], str]:
         """Token ids (and text) of chat messages with the model's chat template and generation prompt; ``tools``:
-        OpenAI's tool definitions, for the template to show the model."""
+        OpenAI's tool definitions, for the template to show the model; ``template``: the template call's arguments
+        as vLLM's chat route takes them (``add_generation_prompt``, ``continue_final_message`` and the template's own
+        variables); a call the template fails is a ``RequestError``."""
 
     @property
     def reads_tool_calls(self) -> bool:

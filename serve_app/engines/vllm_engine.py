@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -111,17 +111,25 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         return await tokenize_texts(self._llm, texts)
 
     async def encode_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        template: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], str]:
-        """The chat template (the model's, or the ``chat_template`` setting's) with the assistant's generation
-        prompt and the tools, rendered and tokenized as vLLM's chat route does it."""
+        """The chat template (the model's, or the ``chat_template`` setting's) with the tools and the call's
+        arguments (by default the assistant's generation prompt), rendered and tokenized as vLLM's chat route does
+        it; what the template refuses is a 400 in its words, as vLLM's server answers it."""
+        from jinja2 import TemplateError
         from vllm.renderers.params import ChatParams
 
-        kwargs: dict[str, Any] = {"add_generation_prompt": True, "continue_final_message": False}
+        kwargs: dict[str, Any] = {"add_generation_prompt": True, "continue_final_message": False, **(template or {})}
         if tools:
             kwargs["tools"] = list(tools)
         params = ChatParams(chat_template=self._chat_template, chat_template_kwargs=kwargs)
-        _, prompt = await self._llm.renderer.render_messages_async(list(messages), params)
+        try:
+            _, prompt = await self._llm.renderer.render_messages_async(list(messages), params)
+        except (ValueError, TypeError, TemplateError) as exc:
+            raise RequestError(f"the chat template refused the messages: {exc}", param="messages") from exc
         if "prompt_token_ids" not in prompt:
             (prompt,) = await self._tokenize([prompt], add_special_tokens=False, needs_detokenization=True)
         return list(prompt["prompt_token_ids"]), prompt.get("prompt", "")

@@ -9,19 +9,18 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
-from .chat import ChatMessage, message_refusals
+from .chat import ChatMessage, TemplateFields, message_refusals
 from .fields import OpenAIModel
 from .tools import ChatTool
 from .types import Refusal, Text, TokenId
 
 
-class TokenizeRequest(OpenAIModel):
+class TokenizeRequest(TemplateFields, OpenAIModel):
     """vLLM's ``/tokenize`` body: a ``prompt`` (completions' tokenizing, special tokens added) or ``messages``
-    (chat's: the template and the assistant's generation prompt, no special tokens added)."""
+    (chat's: the template called as the chat route calls it, no special tokens added)."""
 
     VLLM_EXTENSIONS: ClassVar[Mapping[str, Any]] = {
         "chat_template": None,
-        "chat_template_kwargs": None,
         "media_io_kwargs": None,
         "mm_processor_kwargs": None,
     }
@@ -31,8 +30,6 @@ class TokenizeRequest(OpenAIModel):
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     tools: list[ChatTool] | None = Field(None, description="shown to the model with messages, as chat shows them")
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
     return_token_strs: bool | None = False
 
     @model_validator(mode="after")
@@ -48,9 +45,8 @@ class TokenizeRequest(OpenAIModel):
         if self.add_special_tokens is not None and self.add_special_tokens == chat:
             way = "not added to chat messages" if chat else "added to a prompt"
             out.append(("add_special_tokens", f"special tokens are {way}, as the generation routes do"))
-        if chat and (not self.add_generation_prompt or self.continue_final_message):
-            why = "the chat template always ends with the assistant's generation prompt, as the chat route's does"
-            out.append(("add_generation_prompt" if not self.add_generation_prompt else "continue_final_message", why))
+        if chat:
+            out += self.template_refusals()
         if self.return_token_strs:
             out.append(("return_token_strs", "token strings are not supported; /detokenize gives the text"))
         return out + message_refusals(self.messages or ())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ...config import SimulatedSettings
@@ -52,9 +52,12 @@ class SimulatedEngine(Engine):
         return [self.text.encode(text) for text in texts]
 
     async def encode_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        template: Mapping[str, Any] | None = None,
     ) -> tuple[list[int], str]:
-        text = self.text.chat(messages, tools)
+        text = self.text.chat(messages, tools, template)
         return self.text.encode(text), text
 
     async def decode(self, token_ids: Sequence[int]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...config import SimulatedSettings
@@ -34,11 +34,21 @@ class SimulatedText:
             return self.tokens(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
-        """The simulated chat template: each message as ``<|role|>content``, the tools and tool calls as JSON."""
+    def chat(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        template: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The simulated chat template: each message as ``<|role|>content``, the tools and tool calls as JSON, then
+        the assistant's generation prompt; with ``continue_final_message`` the last message is left open instead."""
+        template = template or {}
         shown = f"<|tools|>{json.dumps(list(tools))}\n" if tools else ""
         calls = (f"<|calls|>{json.dumps(m['tool_calls'])}" if m.get("tool_calls") else "" for m in messages)
-        return shown + "".join(f"<|{m['role']}|>{m['content']}{c}\n" for m, c in zip(messages, calls)) + "<|assistant|>"
+        text = shown + "".join(f"<|{m['role']}|>{m['content']}{c}\n" for m, c in zip(messages, calls))
+        if template.get("continue_final_message"):
+            return text.removesuffix("\n")
+        return text + ("<|assistant|>" if template.get("add_generation_prompt", True) else "")
 
     def decode(self, token_ids: Sequence[int]) -> str:
         if self.tokenizer is not None:

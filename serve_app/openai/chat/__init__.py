@@ -3,7 +3,7 @@ chat answer as the handle methods return it (:mod:`.answer`)."""
 
 from .answer import Answer
 from .format import ChatFormat, Reader, read_output, token_logprobs
-from .request import ChatCompletionRequest, ChatMessage, ContentPart, message_refusals
+from .request import ChatCompletionRequest, ChatMessage, ContentPart, TemplateFields, message_refusals
 
 __all__ = [
     "Answer",
@@ -12,6 +12,7 @@ __all__ = [
     "ChatMessage",
     "ContentPart",
     "Reader",
+    "TemplateFields",
     "message_refusals",
     "read_output",
     "token_logprobs",

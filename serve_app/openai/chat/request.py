@@ -64,7 +64,32 @@ def message_refusals(messages: Sequence[ChatMessage]) -> list[Refusal]:
     return out
 
 
-class ChatCompletionRequest(OpenAIRequest):
+class TemplateFields(BaseModel):
+    """vLLM's arguments of a chat template call: whether the prompt ends with the assistant's generation prompt or
+    leaves the last message open for the model to continue (a prefilled answer), and the template's own variables
+    (``{"enable_thinking": false}`` for a reasoning model's template)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The template call's arguments, merged as vLLM's server merges them (its own switches win)."""
+        own = {"add_generation_prompt": self.add_generation_prompt}
+        return {**(self.chat_template_kwargs or {}), **own, "continue_final_message": self.continue_final_message}
+
+    def template_refusals(self) -> list[Refusal]:
+        """What vLLM's server refuses of them, in its words."""
+        out = []
+        if self.add_generation_prompt and self.continue_final_message:
+            why = "cannot set both continue_final_message and add_generation_prompt to True"
+            out.append(("continue_final_message", why))
+        if reserved := sorted({"chat_template", "tokenize"} & (self.chat_template_kwargs or {}).keys()):
+            out.append(("chat_template_kwargs", f"unexpected chat template kwargs: {', '.join(reserved)}"))
+        return out
+
+
+class ChatCompletionRequest(TemplateFields, OpenAIRequest):
     """OpenAI ``POST /v1/chat/completions``; ``max_completion_tokens`` is ``max_tokens`` under its newer name."""
 
     VLLM_EXTENSIONS: ClassVar[Mapping[str, Any]] = {
@@ -101,11 +126,7 @@ class ChatCompletionRequest(OpenAIRequest):
     prompt_cache_retention: Text | None = None
     moderation: dict[str, Any] | None = None
     safety_identifier: Text | None = None
-    # vLLM's chat extensions
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    include_reasoning: bool = True
+    include_reasoning: bool = True  # vLLM's
 
     @model_validator(mode="after")
     def _newer_name(self) -> ChatCompletionRequest:
@@ -132,9 +153,17 @@ class ChatCompletionRequest(OpenAIRequest):
             out.append(("web_search_options", "web search is not supported"))
         if self.moderation:
             out.append(("moderation", "moderation is not supported by this server"))
-        if not self.add_generation_prompt or self.continue_final_message or self.chat_template_kwargs:
-            out.append(("chat_template_kwargs", "only the default chat template call is supported"))
-        return out + message_refusals(self.messages)
+        return out + self.template_refusals() + message_refusals(self.messages)
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """:class:`TemplateFields`'s, with ``reasoning_effort`` for a template that reads it, as vLLM's server passes
+        it; a reasoning template's ``enable_thinking`` follows it where the request does not set that itself."""
+        out = super().template_kwargs()
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+            if "enable_thinking" not in (self.chat_template_kwargs or {}):
+                out["enable_thinking"] = self.reasoning_effort != "none"
+        return out
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
         return ((self.top_logprobs or 0) if self.logprobs else None), None

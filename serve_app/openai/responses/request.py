@@ -13,7 +13,12 @@ from ..common import OriginFields
 from ..fields import OpenAIModel
 from ..types import Refusal, Text
 
-PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input"}
+PARAMS = {
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+    "reasoning_effort": "reasoning.effort",
+}
 """The Responses field a chat field a refusal names comes from."""
 
 
@@ -73,8 +78,9 @@ def _text(content: str | list[Part] | None, where: str) -> str:
 
 
 class ResponsesRequest(OriginFields, OpenAIModel):
-    """OpenAI ``POST /v1/responses``. Accepted and ignored where they mean nothing here: ``metadata``,
-    ``reasoning`` (the model reasons as it does), ``include``, ``truncation``, ``service_tier``, ``max_tool_calls``,
+    """OpenAI ``POST /v1/responses``; ``reasoning.effort`` and vLLM's ``chat_template_kwargs`` reach the chat
+    template, as vLLM's server passes them. Accepted and ignored where they mean nothing here: ``metadata``,
+    the rest of ``reasoning``, ``include``, ``truncation``, ``service_tier``, ``max_tool_calls``,
     ``prompt_cache_*``, ``safety_identifier``, ``context_management``, ``access_programs``."""
 
     model: Text | None = None
@@ -110,6 +116,7 @@ class ResponsesRequest(OriginFields, OpenAIModel):
     context_management: list[dict[str, Any]] | None = None
     access_programs: dict[str, Any] | None = None
     background_options: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's
 
     def refusals(self) -> list[Refusal]:
         out = []
@@ -172,6 +179,10 @@ class ResponsesRequest(OriginFields, OpenAIModel):
                 body[name] = getattr(self, name)
         if self.max_output_tokens is not None:
             body["max_tokens"] = self.max_output_tokens
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = self.chat_template_kwargs
+        if isinstance(self.reasoning, dict) and self.reasoning.get("effort") is not None:
+            body["reasoning_effort"] = self.reasoning["effort"]  # for the template, as vLLM's server passes it
         if self.tools:
             body["tools"] = [
                 {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)} for t in self.tools
