@@ -135,6 +135,27 @@ def test_vllm_sampling_extensions_are_honoured(engine, loop):
     assert all(r.error is None for r in results)
 
 
+def test_allowed_token_ids_and_bad_words_limit_what_the_model_writes(core, loop):
+    """vLLM's two extensions through the request path (the body's fields to vLLM's ``SamplingParams``)."""
+    from serve_app.openai.completions import CompletionRequest
+
+    async def answer(**fields):
+        body = CompletionRequest(prompt="The capital of France is", max_tokens=8, ignore_eos=True, **fields)
+        (result,) = await core.complete(await core.requests.completion(body))
+        return result
+
+    def words(text):
+        return [word.strip(".,;:!?") for word in text.split()]
+
+    free = loop.run_until_complete(answer())
+    word = words(free.text)[0]  # the greedy answer's first word ("Paris")
+    barred = loop.run_until_complete(answer(bad_words=[word]))
+    assert word not in words(barred.text) and barred.error is None
+    allowed = [free.token_ids[0], free.token_ids[1]]
+    limited = loop.run_until_complete(answer(allowed_token_ids=allowed))
+    assert set(limited.token_ids) <= set(allowed) and limited.output_tokens == 8
+
+
 def test_requests_sharing_a_prompt_are_charged_for_its_blocks_once(core, engine, loop):
     """vLLM's prefix cache (on by default) holds the blocks of a prompt that requests in flight share once: the
     core's batcher counts them once too, and the answers are the engine's as ever."""
@@ -309,6 +330,9 @@ def test_what_vllm_would_refuse_on_admission_is_refused_before_it_queues(core, l
 
     error = refusal(logit_bias={"99999999": 1.0})
     assert error.param == "logit_bias" and "out-of-vocab" in str(error)
+    assert refusal(allowed_token_ids=[99999999]).param == "allowed_token_ids"
+    assert refusal(allowed_token_ids=[]).param == "allowed_token_ids"
+    assert refusal(bad_words=[""]).param == "bad_words"
     assert refusal(stop_token_ids=[99999999]).param == "stop_token_ids"
     error = refusal(structured_outputs={"regex": "(unclosed"})
     assert error.param == "structured_outputs" and "regex" in str(error)

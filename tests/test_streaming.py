@@ -162,6 +162,8 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         # structured output: the simulated engine constrains none (vLLM's does: test_real_vllm_engine.py)
         ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, 400, "response_format"),
         ("/v1/completions", {"structured_outputs": {"choice": ["a", "b"]}}, 400, "structured_outputs"),
+        ("/v1/completions", {"allowed_token_ids": [5, 6]}, 400, "allowed_token_ids"),
+        ("/v1/chat/completions", {"bad_words": ["x"]}, 400, "bad_words"),
         ("/v1/chat/completions", {"response_format": {"type": "structural_tag", "format": {}}}, 400, "response_format"),
         (
             "/v1/chat/completions",
@@ -195,7 +197,7 @@ async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -1}, 400, "top_logprobs"),
         ("/v1/chat/completions", {"frequency_penalty": 3}, 400, "frequency_penalty"),
         # vLLM's extensions this server does not implement: refused unless at vLLM's default; unknown: ignored
-        ("/v1/completions", {"bad_words": ["x"]}, 400, "bad_words"),
+        ("/v1/completions", {"prompt_logprobs": 1}, 400, "prompt_logprobs"),
         ("/v1/chat/completions", {"echo": True}, 400, "echo"),
         ("/v1/chat/completions", {"moderation": {"input": {"mode": "block"}}}, 400, "moderation"),
         ("/v1/chat/completions", {"bad_words": [], "include_reasoning": True, "prompt_cache_key": "k"}, 200, None),

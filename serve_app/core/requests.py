@@ -116,8 +116,9 @@ class RequestBuilder:
         stop = fields.stop if fields.stop is not None else defaults.stop
         given = fields.model_dump(exclude_none=True, exclude=_NOT_SAMPLING)
         given = {name: value for name, value in given.items() if name in SamplingOptions.__dataclass_fields__}
-        if "stop_token_ids" in given:
-            given["stop_token_ids"] = tuple(given["stop_token_ids"])
+        for name in ("stop_token_ids", "allowed_token_ids", "bad_words"):
+            if name in given:
+                given[name] = tuple(given[name])
         logprobs, prompt_logprobs = fields.logprob_counts()
         options = SamplingOptions(
             # 0 (completions' echo alone) runs as vLLM's server runs it: one token generated, the prompt returned

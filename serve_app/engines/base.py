@@ -74,6 +74,10 @@ class SamplingOptions:
     """The same for each prompt token (what OpenAI's completions ``echo`` with ``logprobs`` returns)."""
     structured_outputs: StructuredOutputs | None = None
     """A constraint the output must match (``response_format``, vLLM's ``structured_outputs``); None: free text."""
+    allowed_token_ids: tuple[int, ...] | None = None
+    """The only tokens it may generate (vLLM's extension); None: any."""
+    bad_words: tuple[str, ...] = ()
+    """Words it may not generate, at a word's start or inside one (vLLM's extension)."""
     adapter: str | None = None
     """The LoRA adapter the request runs with (its name in ``lora.adapters``); None: the base model."""
 
@@ -127,7 +131,8 @@ class Engine(abc.ABC):
     returns_logprobs: bool = False
     """Whether it computes log probabilities (``SamplingOptions.logprobs``); a request for them is refused if not."""
     structures_outputs: bool = False
-    """Whether it constrains outputs (``SamplingOptions.structured_outputs``); a request for it is refused if not."""
+    """Whether it constrains outputs (``SamplingOptions.structured_outputs``, ``allowed_token_ids``, ``bad_words``); a
+    request for it is refused if not."""
     parsers: OutputParsers | None = None
     """vLLM's output parsers over the model's tokenizer, where the engine has both (tool calls, reasoning)."""
     max_model_len: int
@@ -142,6 +147,10 @@ class Engine(abc.ABC):
         if sampling.structured_outputs is not None and not self.structures_outputs:
             why = f"structured_outputs: the {self.name} engine does not constrain outputs (structured output)"
             raise RequestError(why, param="structured_outputs")
+        limits = {"allowed_token_ids": sampling.allowed_token_ids is not None, "bad_words": bool(sampling.bad_words)}
+        for name, given in limits.items():
+            if given and not self.structures_outputs:
+                raise RequestError(f"{name}: the {self.name} engine does not constrain outputs", param=name)
 
     def check_token_ids(self, token_ids: Sequence[int], what: str) -> None:  # noqa: B027 - optional hook
         """Raise :class:`RequestError` if a prompt given as token ids holds one the model does not have."""

@@ -49,6 +49,8 @@ def sampling_params(s: SamplingOptions) -> Any:
         logit_bias=dict(s.logit_bias) or None,
         stop=list(s.stop) or None,
         stop_token_ids=list(s.stop_token_ids) or None,
+        allowed_token_ids=list(s.allowed_token_ids) if s.allowed_token_ids is not None else None,
+        bad_words=list(s.bad_words) or None,
         skip_special_tokens=s.skip_special_tokens,
         include_stop_str_in_output=s.include_stop_str_in_output,
         seed=s.seed,

@@ -171,7 +171,10 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         configs = processor.model_config, processor.speculative_config, processor.structured_outputs_config
 
         def verify(options: SamplingOptions) -> None:
-            sampling_params(options).verify(*configs, processor.tokenizer)
+            params = sampling_params(options)
+            params.verify(*configs, processor.tokenizer)
+            if processor.tokenizer is not None:  # bad_words: each must tokenize, within the vocabulary
+                params.update_from_tokenizer(processor.tokenizer)
 
         if sampling.structured_outputs is None:
             with vllm_refusals():  # each refusal named by vLLM

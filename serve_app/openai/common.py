@@ -47,6 +47,8 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     structured_outputs: StructuredOutputsFields | None = None
+    allowed_token_ids: list[TokenId] | None = Field(None, description="the only tokens the model may generate")
+    bad_words: list[Text] | None = Field(None, description="words the model may not generate")
     logprobs: int | None = Field(
         None, ge=0, le=20, description="log probability of each generated token, with this many alternatives"
     )
@@ -61,6 +63,13 @@ class SamplingFields(BaseModel):
             if any(not s for s in stops):
                 raise ValueError("stop strings must not be empty")
         return stops
+
+    @field_validator("bad_words")
+    @classmethod
+    def _bad_words(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not word.strip() for word in value):
+            raise ValueError("bad words must not be empty")
+        return value
 
     @field_validator("logit_bias")
     @classmethod
