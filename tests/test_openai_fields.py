@@ -86,7 +86,7 @@ def test_unknown_fields_are_ignored_and_logged_once_per_field(caplog: pytest.Log
         (CompletionRequest, {"prompt": "hi", "add_special_tokens": True, "bad_words": []}, []),
         (CompletionRequest, {"prompt": "hi", "add_special_tokens": False}, ["add_special_tokens"]),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, ["echo"]),
-        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "cache_salt": "s"}, ["cache_salt"]),
+        (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "vllm_xargs": {}}, ["vllm_xargs"]),
         (EmbeddingRequestBody, {"input": "hi", "priority": 0, "endianness": "native"}, []),
         (EmbeddingRequestBody, {"input": "hi", "priority": 3}, ["priority"]),
         (TokenizeRequest, {"prompt": "hi", "chat_template": "{{ messages }}"}, ["chat_template"]),

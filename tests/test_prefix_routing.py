@@ -31,6 +31,7 @@ def test_prompts_share_keys_exactly_as_far_as_they_share_whole_blocks():
     first, second = index.keys("abcdefghijkl"), index.keys("abcdXfghijkl")
     assert first[0] == second[0] and not set(first[1:]) & set(second[1:])  # a key stands for all before it too
     assert index.keys("abc") == [] and len(index.keys("a" * 40)) == 10
+    assert not set(index.keys("abcdefgh", "tenant-a")) & set(index.keys("abcdefgh", "tenant-b"))  # vLLM's cache_salt
 
 
 def test_each_replica_keeps_its_most_recent_blocks_up_to_its_capacity_and_a_gone_one_is_forgotten():

@@ -156,6 +156,29 @@ def test_allowed_token_ids_and_bad_words_limit_what_the_model_writes(core, loop)
     assert set(limited.token_ids) <= set(allowed) and limited.output_tokens == 8
 
 
+def test_a_cache_salt_keeps_a_prompts_cached_blocks_to_requests_of_the_same_salt(core, engine, loop):
+    """vLLM's ``cache_salt`` through the request path: a prompt run again under another salt finds none of its
+    blocks in the prefix cache, under its own salt all it can; the batcher keys the blocks as vLLM does."""
+    import uuid
+
+    from serve_app.openai.completions import CompletionRequest
+
+    prompt = f"Case {uuid.uuid4().hex}: " + "list the parties and the dates in the contract. " * 30
+
+    async def answer(salt):
+        body = CompletionRequest(prompt=prompt, max_tokens=2, cache_salt=salt)
+        (asked,) = await core.requests.completion(body)
+        (result,) = await core.complete([asked])
+        return asked, result
+
+    tenant_a, first = loop.run_until_complete(answer("tenant-a"))
+    tenant_b, other = loop.run_until_complete(answer("tenant-b"))
+    _, again = loop.run_until_complete(answer("tenant-a"))
+    size = engine.prefix_block_size()
+    assert other.cached_tokens == 0 and again.cached_tokens == (first.prompt_tokens - 1) // size * size > 0
+    assert not set(tenant_a.prefix_blocks(size)) & set(tenant_b.prefix_blocks(size))
+
+
 def test_requests_sharing_a_prompt_are_charged_for_its_blocks_once(core, engine, loop):
     """vLLM's prefix cache (on by default) holds the blocks of a prompt that requests in flight share once: the
     core's batcher counts them once too, and the answers are the engine's as ever."""
@@ -333,6 +356,7 @@ def test_what_vllm_would_refuse_on_admission_is_refused_before_it_queues(core, l
     assert refusal(allowed_token_ids=[99999999]).param == "allowed_token_ids"
     assert refusal(allowed_token_ids=[]).param == "allowed_token_ids"
     assert refusal(bad_words=[""]).param == "bad_words"
+    assert refusal(cache_salt="tenant/a").param == "cache_salt"
     assert refusal(stop_token_ids=[99999999]).param == "stop_token_ids"
     error = refusal(structured_outputs={"regex": "(unclosed"})
     assert error.param == "structured_outputs" and "regex" in str(error)

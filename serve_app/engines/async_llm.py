@@ -213,13 +213,16 @@ async def tokenize_texts(llm: Any, texts: Sequence[str]) -> list[list[int]]:
     return [list(prompt["prompt_token_ids"]) for prompt in prompts]
 
 
-async def render_tokens(llm: Any, token_ids: list[int]) -> Any:
-    """A tokenized prompt through vLLM's renderer, ready for ``generate`` or ``encode`` (raw prompts to them are
-    deprecated)."""
+async def render_tokens(llm: Any, token_ids: list[int], cache_salt: str | None = None) -> Any:
+    """A tokenized prompt (its prefix-cache blocks salted with ``cache_salt``) through vLLM's renderer, ready for
+    ``generate`` or ``encode`` (raw prompts to them are deprecated)."""
     from vllm.inputs import TokensPrompt
     from vllm.renderers.inputs.preprocess import parse_model_prompt
 
-    parsed = parse_model_prompt(llm.model_config, TokensPrompt(prompt_token_ids=token_ids))
+    prompt = TokensPrompt(prompt_token_ids=token_ids)
+    if cache_salt is not None:
+        prompt["cache_salt"] = cache_salt
+    parsed = parse_model_prompt(llm.model_config, prompt)
     (engine_input,) = await llm.renderer.render_cmpl_async([parsed])
     return engine_input
 

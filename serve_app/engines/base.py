@@ -80,6 +80,9 @@ class SamplingOptions:
     """Words it may not generate, at a word's start or inside one (vLLM's extension)."""
     adapter: str | None = None
     """The LoRA adapter the request runs with (its name in ``lora.adapters``); None: the base model."""
+    cache_salt: str | None = None
+    """Mixed into the keys of its prompt's cached blocks (vLLM's extension): it reuses, and its blocks serve, only
+    requests of the same salt, so one tenant's prompts cannot be read from another's timing."""
 
 
 @dataclass
@@ -110,8 +113,9 @@ class GenerationRequest:
 
     def prefix_blocks(self, size: int) -> list[int]:
         """The keys of its prompt's full blocks of ``size`` tokens, each a hash of the block and the key before
-        it, under its adapter (as vLLM's prefix cache keys KV blocks): the continuous batcher's ``prefix_fn``."""
-        ids, key, keys = self.prompt_token_ids, hash(self.sampling.adapter), []
+        it, under its adapter and cache salt (as vLLM's prefix cache keys KV blocks): the continuous batcher's
+        ``prefix_fn``."""
+        ids, key, keys = self.prompt_token_ids, hash((self.sampling.adapter, self.sampling.cache_salt)), []
         for start in range(0, len(ids) - size + 1, size):
             key = hash((key, *ids[start : start + size]))
             keys.append(key)

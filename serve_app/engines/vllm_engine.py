@@ -165,12 +165,16 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
     def check_sampling(self, sampling: SamplingOptions) -> None:
         """The engine-agnostic checks, then vLLM's own on the ``SamplingParams`` it would run (token ids in
         ``logit_bias`` and ``stop_token_ids`` within the vocabulary, a structured-output constraint its backend can
-        compile...), so that what vLLM would refuse on admission is a 400 before the request queues."""
+        compile, a cache salt its server allows...), so that what vLLM would refuse on admission is a 400 before the
+        request queues."""
+        from vllm.entrypoints.generate.base.protocol import validate_cache_salt
+
         super().check_sampling(sampling)
         processor = self._llm.input_processor
         configs = processor.model_config, processor.speculative_config, processor.structured_outputs_config
 
         def verify(options: SamplingOptions) -> None:
+            validate_cache_salt(options.cache_salt)  # what vLLM's server allows in one
             params = sampling_params(options)
             params.verify(*configs, processor.tokenizer)
             if processor.tokenizer is not None:  # bad_words: each must tokenize, within the vocabulary
@@ -209,7 +213,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         prompt_logprobs = None
         try:
             params = sampling_params(request.sampling)
-            prompt = await render_tokens(self._llm, request.prompt_token_ids)
+            prompt = await render_tokens(self._llm, request.prompt_token_ids, request.sampling.cache_salt)
             options: dict[str, Any] = {"priority": request.priority} if self._priorities else {}
             if request.sampling.adapter is not None:
                 options["lora_request"] = self._adapters[request.sampling.adapter]

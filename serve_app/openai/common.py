@@ -49,6 +49,9 @@ class SamplingFields(BaseModel):
     structured_outputs: StructuredOutputsFields | None = None
     allowed_token_ids: list[TokenId] | None = Field(None, description="the only tokens the model may generate")
     bad_words: list[Text] | None = Field(None, description="words the model may not generate")
+    cache_salt: Text | None = Field(
+        None, min_length=1, description="prompts share prefix-cache blocks only with prompts of the same salt"
+    )
     logprobs: int | None = Field(
         None, ge=0, le=20, description="log probability of each generated token, with this many alternatives"
     )

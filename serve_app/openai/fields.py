@@ -19,7 +19,6 @@ _logged: set[tuple[str, str]] = set()
 _known: dict[type, frozenset[str]] = {}
 
 GENERATION_EXTENSIONS: Mapping[str, Any] = {
-    "cache_salt": None,
     "ec_transfer_params": None,
     "kv_transfer_params": None,
     "logprob_token_ids": None,

@@ -61,10 +61,11 @@ class PrefixIndex:
         """Tokens a block holds, estimated as the router estimates a prompt's."""
         return self.block_chars / CHARS_PER_TOKEN
 
-    def keys(self, text: str) -> list[int]:
-        """The keys of ``text``'s whole blocks (a partial last block is not cached by vLLM either)."""
+    def keys(self, text: str, salt: str | None = None) -> list[int]:
+        """The keys of ``text``'s whole blocks (a partial last block is not cached by vLLM either), under its
+        prefix-cache ``salt`` (vLLM's ``cache_salt``: differently salted prompts share no cached block)."""
         keys: list[int] = []
-        key = 0
+        key = 0 if salt is None else hash(salt)
         for start in range(0, min(len(text), self.block_chars * self.max_blocks), self.block_chars):
             block = text[start : start + self.block_chars]
             if len(block) < self.block_chars:

@@ -137,8 +137,8 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         prompt = handle_prompt(request.metadata.call_method, request.args, request.kwargs)
         if request.metadata.call_method == "generate_batch":
             prompt = prompt[0] if isinstance(prompt, (list, tuple)) and len(prompt) == 1 else None
-        text = prompt_text(prompt)
-        return self._prefixes.keys(text) if text else []
+        text, salt = prompt_text(prompt), request.kwargs.get("cache_salt")
+        return self._prefixes.keys(text, salt if isinstance(salt, str) else None) if text else []
 
     def adapter(self, request: PendingRequest) -> str | None:
         """The LoRA adapter a request names (a handle call's ``model``, or the body's under the ingress router);
