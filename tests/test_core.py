@@ -15,6 +15,7 @@ from serve_app.engines import GenerationDelta, GenerationResult, TokenLogprob, c
 from serve_app.errors import GenerationError, RequestError
 from serve_app.openai.chat import ChatCompletionRequest
 from serve_app.openai.common import SamplingFields
+from serve_app.openai.completions import CompletionRequest
 from serve_app.openai.responses import ResponsesRequest
 
 from .waits import wait_for
@@ -77,6 +78,35 @@ async def test_template_arguments_vllm_refuses_are_refused_naming_them(fields, p
     with pytest.raises(RequestError) as refused:
         await core().requests.chat_completion(body)
     assert refused.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "kept"),
+    [
+        ({"truncate_prompt_tokens": 3}, slice(0, 3)),  # the tokenizer's side: the simulated one keeps the first
+        ({"truncate_prompt_tokens": 3, "truncation_side": "left"}, slice(-3, None)),
+        ({"truncate_prompt_tokens": -1}, slice(None)),  # the context less one token: the whole prompt here
+        ({"truncate_prompt_tokens": 50}, slice(None)),
+    ],
+)
+async def test_truncate_prompt_tokens_keeps_that_many_of_a_prompts_tokens_from_its_side(fields, kept):
+    builder, text = core().requests, "the quick brown fox jumps over the lazy dog"
+    (whole,) = await builder.completion(CompletionRequest(prompt=text, max_tokens=2))
+    (cut,) = await builder.completion(CompletionRequest(prompt=text, max_tokens=2, echo=True, **fields))
+    assert cut.prompt_token_ids == whole.prompt_token_ids[kept]
+    assert cut.prompt_text == (text if kept == slice(None) else await builder.engine.decode(cut.prompt_token_ids))
+    chat = ChatCompletionRequest.model_validate({"messages": [USER], "max_tokens": 2, **fields})
+    (whole_chat,), (cut_chat,) = [
+        await builder.chat_completion(chat.model_copy(update=u)) for u in ({"truncate_prompt_tokens": None}, {})
+    ]
+    assert cut_chat.prompt_token_ids == whole_chat.prompt_token_ids[kept]
+
+
+@pytest.mark.parametrize("keep", [0, 100_000])
+async def test_a_truncation_that_leaves_nothing_or_exceeds_the_context_is_refused_naming_it(keep):
+    with pytest.raises(RequestError) as refused:
+        await core().requests.completion(CompletionRequest(prompt="hello there", truncate_prompt_tokens=keep))
+    assert refused.value.param == "truncate_prompt_tokens"
 
 
 def test_reasoning_effort_reaches_the_template_and_sets_its_thinking_unless_the_request_does():

@@ -84,6 +84,7 @@ REFUSED: dict[str, dict[str, Any]] = {
     "a prefilled answer after the generation prompt": {"messages": PREFILLED, "continue_final_message": True},
     "a negative temperature": {"messages": ASK, "temperature": -1},
     "no messages": {"messages": []},
+    "a truncation longer than the context": {"messages": ASK, "truncate_prompt_tokens": 100_000},
 }
 
 
@@ -179,6 +180,18 @@ def test_a_chat_template_call_gives_the_prompt_vllms_own_server_gives(real_app, 
     app, vllm = (post(url, "/v1/chat/completions", body) for url in (real_app.url, vllm_url))
     assert app.status_code == vllm.status_code == 200, (app.text, vllm.text)
     assert app.json()["prompt_token_ids"] == vllm.json()["prompt_token_ids"]
+
+
+@pytest.mark.parametrize("side", [None, "left", "right"])
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_a_truncated_prompt_keeps_the_tokens_vllms_own_server_keeps(real_app, vllm_url, route, side):
+    cut = {"truncate_prompt_tokens": 12, **({"truncation_side": side} if side else {})}
+    prompt = {"prompt": ASK[0]["content"] * 3} if route == "/v1/completions" else {"messages": ASK}
+    body = {**prompt, **cut, "max_tokens": 1, "temperature": 0, "return_token_ids": True}
+    app, vllm = (post(url, route, body).json() for url in (real_app.url, vllm_url))
+    if route == "/v1/completions":  # completions give a choice's prompt ids, chat the answer's
+        app, vllm = app["choices"][0], vllm["choices"][0]
+    assert app["prompt_token_ids"] == vllm["prompt_token_ids"] and len(app["prompt_token_ids"]) == 12
 
 
 def test_the_app_refuses_what_vllms_own_server_refuses_with_its_status(real_app, vllm_url):

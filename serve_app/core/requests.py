@@ -298,9 +298,27 @@ class RequestBuilder:
         schema = tools.output_schema(body.tools or [], body.tool_choice, body.parallel_tool_calls)
         return StructuredOutputs(json=json.dumps(schema))
 
+    def _truncated(self, token_ids: list[int], sampling: SamplingOptions, what: str) -> list[int]:
+        """The prompt's tokens cut to ``truncate_prompt_tokens`` from its side, as vLLM's renderer cuts them (-1:
+        the context less the one token an answer needs)."""
+        keep, context = sampling.truncate_prompt_tokens, self.engine.max_model_len
+        if keep is None:
+            return token_ids
+        if keep > context:
+            why = f"truncate_prompt_tokens={keep} cannot be greater than the model's context of {context} tokens"
+            raise RequestError(why, param="truncate_prompt_tokens")
+        keep = context - 1 if keep < 0 else keep
+        if keep == 0:
+            raise RequestError(f"{what} is empty with truncate_prompt_tokens=0", param="truncate_prompt_tokens")
+        side = sampling.truncation_side or self.engine.truncation_side
+        return token_ids[-keep:] if side == "left" else token_ids[:keep]
+
     def _request(
         self, token_ids: list[int], text: str, sampling: SamplingOptions, what: str, origin: Origin
     ) -> GenerationRequest:
+        if sampling.truncate_prompt_tokens is not None:
+            cut = self._truncated(token_ids, sampling, what)
+            token_ids, text = cut, text if len(cut) == len(token_ids) else ""  # an echo shows what ran
         context = self.engine.max_model_len
         if len(token_ids) >= context:
             raise RequestError(f"{what} has {len(token_ids)} tokens; the model's context is {context} tokens")

@@ -80,6 +80,10 @@ class SamplingOptions:
     """Words it may not generate, at a word's start or inside one (vLLM's extension)."""
     adapter: str | None = None
     """The LoRA adapter the request runs with (its name in ``lora.adapters``); None: the base model."""
+    truncate_prompt_tokens: int | None = None
+    """Keep this many of the prompt's tokens (-1: the model's context), as vLLM's renderer truncates; None: all."""
+    truncation_side: str | None = None
+    """``left`` keeps the last tokens, ``right`` the first; None: the engine's tokenizer's side."""
     cache_salt: str | None = None
     """Mixed into the keys of its prompt's cached blocks (vLLM's extension): it reuses, and its blocks serve, only
     requests of the same salt, so one tenant's prompts cannot be read from another's timing."""
@@ -131,6 +135,8 @@ class Engine(abc.ABC):
     """
 
     name: str = "engine"
+    truncation_side: str = "right"
+    """The side its tokenizer truncates a prompt from where a request names none (``right``: keep the first)."""
     continuous: bool = True
     returns_logprobs: bool = False
     """Whether it computes log probabilities (``SamplingOptions.logprobs``); a request for them is refused if not."""

@@ -98,6 +98,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         self._dead: BaseException | None = None
         try:
             self.parsers = parsers.over(self._llm.get_tokenizer())
+            self.truncation_side = getattr(self._llm.tokenizer, "truncation_side", None) or self.truncation_side
         except ValueError:
             self.close()
             raise

@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Header
 from openai.types import CompletionUsage
@@ -49,6 +49,12 @@ class SamplingFields(BaseModel):
     structured_outputs: StructuredOutputsFields | None = None
     allowed_token_ids: list[TokenId] | None = Field(None, description="the only tokens the model may generate")
     bad_words: list[Text] | None = Field(None, description="words the model may not generate")
+    truncate_prompt_tokens: int | None = Field(
+        None, ge=-1, description="keep this many of the prompt's tokens (-1: the model's context)"
+    )
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="keep the last (left) or first (right) tokens; default: the tokenizer's side"
+    )
     cache_salt: Text | None = Field(
         None, min_length=1, description="prompts share prefix-cache blocks only with prompts of the same salt"
     )

@@ -33,8 +33,6 @@ GENERATION_EXTENSIONS: Mapping[str, Any] = {
     "spaces_between_special_tokens": True,
     "stream_interval": None,
     "thinking_token_budget": None,
-    "truncate_prompt_tokens": None,
-    "truncation_side": None,
     "vllm_xargs": None,
     "watermarking": None,
 }
