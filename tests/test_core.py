@@ -17,6 +17,7 @@ from serve_app.openai.chat import ChatCompletionRequest
 from serve_app.openai.common import SamplingFields
 from serve_app.openai.completions import CompletionRequest
 from serve_app.openai.responses import ResponsesRequest
+from serve_app.openai.tokenize import TokenizeRequest
 
 from .waits import wait_for
 
@@ -100,6 +101,23 @@ async def test_truncate_prompt_tokens_keeps_that_many_of_a_prompts_tokens_from_i
         await builder.chat_completion(chat.model_copy(update=u)) for u in ({"truncate_prompt_tokens": None}, {})
     ]
     assert cut_chat.prompt_token_ids == whole_chat.prompt_token_ids[kept]
+
+
+@pytest.mark.parametrize("special", [True, False])
+async def test_a_completions_add_special_tokens_reaches_the_engines_tokenizer(monkeypatch, special):
+    """The bundled model's tokenizer adds no special token to a prompt, so this is seen at the engine's call."""
+    generator = core()
+    asked: list[bool] = []
+
+    async def encode(texts, add_special_tokens=True):
+        asked.append(add_special_tokens)
+        return [[1, 2, 3] for _ in texts]
+
+    monkeypatch.setattr(generator.engine, "encode", encode)
+    body = CompletionRequest(prompt=["a", "b"], max_tokens=2, add_special_tokens=special)
+    await generator.requests.completion(body)
+    await generator.requests.tokenize(TokenizeRequest(prompt="a", add_special_tokens=special))
+    assert asked == [special, special]
 
 
 @pytest.mark.parametrize("keep", [0, 100_000])

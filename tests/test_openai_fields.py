@@ -84,7 +84,7 @@ def test_unknown_fields_are_ignored_and_logged_once_per_field(caplog: pytest.Log
     ("model", "body", "refused"),
     [
         (CompletionRequest, {"prompt": "hi", "add_special_tokens": True, "bad_words": []}, []),
-        (CompletionRequest, {"prompt": "hi", "add_special_tokens": False}, ["add_special_tokens"]),
+        (CompletionRequest, {"prompt": "hi", "return_token_offsets": True}, ["return_token_offsets"]),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, ["echo"]),
         (ChatCompletionRequest, {"messages": [{"role": "user", "content": "hi"}], "vllm_xargs": {}}, ["vllm_xargs"]),
         (EmbeddingRequestBody, {"input": "hi", "priority": 0, "endianness": "native"}, []),

@@ -261,7 +261,7 @@ async def test_tokenize_and_detokenize_as_vllms_server_answers_them(app):
             await http.post("/tokenize", json=body)
             for body in (
                 {"prompt": "x", "return_token_strs": True},
-                {"prompt": "x", "add_special_tokens": False},
+                {"messages": [{"role": "user", "content": "x"}], "add_special_tokens": True},
                 {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True},
                 {"prompt": "x", "messages": [{"role": "user", "content": "x"}]},
                 {"prompt": "x", "model": "gpt-9"},

@@ -92,7 +92,7 @@ class RequestBuilder:
         self.refuse(body, body.model)
         if body.prompt is not None:
             self._check_text(body.prompt, "prompt")
-            (ids,) = await self.engine.encode([body.prompt])
+            (ids,) = await self.engine.encode([body.prompt], body.add_special_tokens is not False)
             return ids
         messages = [m.template_input() for m in body.messages or ()]
         ids, _ = await self._encode_chat(messages, tools.shown(body.tools), body.template_kwargs())
@@ -183,9 +183,11 @@ class RequestBuilder:
         sampling: SamplingOptions,
         n: int = 1,
         origin: Origin = INTERACTIVE,
+        add_special_tokens: bool = True,
     ) -> list[GenerationRequest | RequestError]:
-        """``n`` engine requests per prompt (text, or token ids), in order, or the prompt's own problem in its
-        place (a problem with the list itself, such as too many prompts, is raised)."""
+        """``n`` engine requests per prompt (text, with the tokenizer's special tokens unless told not to; or token
+        ids), in order, or the prompt's own problem in its place (a problem with the list itself, such as too many
+        prompts, is raised)."""
         self._check_list(prompts, n)
         rows: list[GenerationRequest | RequestError] = []
         problems: dict[int, RequestError] = {}
@@ -195,7 +197,8 @@ class RequestBuilder:
             except RequestError as exc:
                 problems[index] = exc
         texts = {i: p for i, p in enumerate(prompts) if i not in problems and isinstance(p, str)}
-        tokens = dict(zip(texts, await self.engine.encode(list(texts.values())))) if texts else {}
+        encoded = await self.engine.encode(list(texts.values()), add_special_tokens) if texts else []
+        tokens = dict(zip(texts, encoded))
         for index, prompt in enumerate(prompts):
             if index in problems:
                 rows += [problems[index]] * n
@@ -213,9 +216,10 @@ class RequestBuilder:
         sampling: SamplingOptions,
         n: int = 1,
         origin: Origin = INTERACTIVE,
+        add_special_tokens: bool = True,
     ) -> list[GenerationRequest]:
         """Like :meth:`rows`, all or none: the first prompt's problem refuses the request."""
-        rows = await self.rows(prompts, sampling, n, origin)
+        rows = await self.rows(prompts, sampling, n, origin, add_special_tokens)
         for row in rows:
             if isinstance(row, RequestError):
                 raise row
@@ -254,7 +258,7 @@ class RequestBuilder:
     async def completion(self, body: CompletionRequest) -> list[GenerationRequest]:
         """A completions body's requests, ``n`` per prompt; with ``echo``, each carries its prompt's text."""
         sampling = self.check(body, body.model)
-        requests = await self.prompts(body.prompts(), sampling, body.n, body.origin)
+        requests = await self.prompts(body.prompts(), sampling, body.n, body.origin, body.add_special_tokens)
         if body.echo:
             for request in requests:
                 request.prompt_text = request.prompt_text or await self.engine.decode(request.prompt_token_ids)

@@ -205,11 +205,13 @@ async def tokenize_prompts(llm: Any, prompts: list[Any], **params: Any) -> list[
     return await llm.renderer.tokenize_prompts_async(prompts, TokenizeParams(None, **params))
 
 
-async def tokenize_texts(llm: Any, texts: Sequence[str]) -> list[list[int]]:
-    """Token ids of plain texts as vLLM's completions and embeddings routes tokenize them (special tokens added)."""
+async def tokenize_texts(llm: Any, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+    """Token ids of plain texts as vLLM's completions and embeddings routes tokenize them (special tokens added,
+    unless told not to)."""
     from vllm.inputs import TextPrompt
 
-    prompts = await tokenize_prompts(llm, [TextPrompt(prompt=text) for text in texts], add_special_tokens=True)
+    prompts = [TextPrompt(prompt=text) for text in texts]
+    prompts = await tokenize_prompts(llm, prompts, add_special_tokens=add_special_tokens)
     return [list(prompt["prompt_token_ids"]) for prompt in prompts]
 
 

@@ -166,9 +166,9 @@ class Engine(abc.ABC):
         """Raise :class:`RequestError` if a prompt given as token ids holds one the model does not have."""
 
     @abc.abstractmethod
-    async def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    async def encode(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Token ids of plain prompts, as the engine will see them (off the event loop: a request may carry
-        hundreds of long prompts)."""
+        hundreds of long prompts), with the special tokens (BOS) its tokenizer adds unless told not to."""
 
     @abc.abstractmethod
     async def encode_chat(

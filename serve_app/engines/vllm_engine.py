@@ -107,9 +107,10 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
     async def _tokenize(self, prompts: list[Any], **params: Any) -> list[Any]:
         return await tokenize_prompts(self._llm, prompts, **params)
 
-    async def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of plain prompts, as vLLM's completions route tokenizes them (with the BOS it adds)."""
-        return await tokenize_texts(self._llm, texts)
+    async def encode(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of plain prompts, as vLLM's completions route tokenizes them (with the BOS it adds, unless
+        told not to)."""
+        return await tokenize_texts(self._llm, texts, add_special_tokens)
 
     async def encode_chat(
         self,

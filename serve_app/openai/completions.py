@@ -22,7 +22,6 @@ class CompletionRequest(OpenAIRequest):
 
     VLLM_EXTENSIONS: ClassVar[Mapping[str, Any]] = {
         **GENERATION_EXTENSIONS,
-        "add_special_tokens": True,
         "prompt_embeds": None,
     }
 
@@ -32,6 +31,7 @@ class CompletionRequest(OpenAIRequest):
     echo: bool | None = False
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: Text | None = None
+    add_special_tokens: bool = True  # vLLM's: false when a text prompt carries its special tokens (BOS) itself
 
     def refusals(self) -> list[Refusal]:
         out = super().refusals()

@@ -42,9 +42,9 @@ class TokenizeRequest(TemplateFields, OpenAIModel):
         """What differs from how the generation routes tokenize (the only way this server tokenizes)."""
         out = self.extension_refusals()
         chat = self.messages is not None
-        if self.add_special_tokens is not None and self.add_special_tokens == chat:
-            way = "not added to chat messages" if chat else "added to a prompt"
-            out.append(("add_special_tokens", f"special tokens are {way}, as the generation routes do"))
+        if chat and self.add_special_tokens:
+            why = "special tokens are not added to chat messages, as the chat route does not add them"
+            out.append(("add_special_tokens", why))
         if chat:
             out += self.template_refusals()
         if self.return_token_strs:

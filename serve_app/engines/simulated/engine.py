@@ -48,8 +48,8 @@ class SimulatedEngine(Engine):
         self._stepper: asyncio.Task | None = None
         self._counts = {"batches": 0, "steps": 0, "requests": 0, "aborts": 0, "peak_running": 0, "adapter_loads": 0}
 
-    async def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.text.encode(text) for text in texts]
+    async def encode(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        return [self.text.encode(text) for text in texts]  # its prompts carry no special tokens either way
 
     async def encode_chat(
         self,
