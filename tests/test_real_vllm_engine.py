@@ -135,25 +135,43 @@ def test_vllm_sampling_extensions_are_honoured(engine, loop):
     assert all(r.error is None for r in results)
 
 
-def test_allowed_token_ids_and_bad_words_limit_what_the_model_writes(core, loop):
-    """vLLM's two extensions through the request path (the body's fields to vLLM's ``SamplingParams``)."""
+def completed(core, loop, **fields):
+    """The result of a completions body with ``fields`` on "The capital of France is", through the request path
+    (the body's fields to vLLM's ``SamplingParams``)."""
     from serve_app.openai.completions import CompletionRequest
 
-    async def answer(**fields):
+    async def answer():
         body = CompletionRequest(prompt="The capital of France is", max_tokens=8, ignore_eos=True, **fields)
         (result,) = await core.complete(await core.requests.completion(body))
         return result
 
+    return loop.run_until_complete(answer())
+
+
+def test_allowed_token_ids_and_bad_words_limit_what_the_model_writes(core, loop):
+    def answer(**fields):
+        return completed(core, loop, **fields)
+
     def words(text):
         return [word.strip(".,;:!?") for word in text.split()]
 
-    free = loop.run_until_complete(answer())
+    free = answer()
     word = words(free.text)[0]  # the greedy answer's first word ("Paris")
-    barred = loop.run_until_complete(answer(bad_words=[word]))
+    barred = answer(bad_words=[word])
     assert word not in words(barred.text) and barred.error is None
     allowed = [free.token_ids[0], free.token_ids[1]]
-    limited = loop.run_until_complete(answer(allowed_token_ids=allowed))
+    limited = answer(allowed_token_ids=allowed)
     assert set(limited.token_ids) <= set(allowed) and limited.output_tokens == 8
+
+
+def test_the_stop_string_or_token_id_that_ended_an_answer_is_its_stop_reason(core, loop):
+    free = completed(core, loop)
+    assert free.finish_reason == "length" and free.stop_reason is None
+    by_token = completed(core, loop, stop_token_ids=[free.token_ids[2]])
+    assert by_token.finish_reason == "stop" and by_token.stop_reason == free.token_ids[2]
+    stop = free.text[len(free.text) // 2 :][:3]  # a string the answer holds, past its first tokens
+    by_string = completed(core, loop, stop=["@@", stop])
+    assert by_string.finish_reason == "stop" and by_string.stop_reason == stop
 
 
 def test_a_cache_salt_keeps_a_prompts_cached_blocks_to_requests_of_the_same_salt(core, engine, loop):

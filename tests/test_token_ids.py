@@ -1,8 +1,8 @@
 """vLLM's ``return_token_ids`` on both OpenAI generation routes, whole and streamed, and on the chat handle: the
 prompt's token ids and each choice's generated ones, in the fields vLLM's server sends them in (completions: both
 on each choice, a stream's prompt ids on a choice's first chunk; chat: the prompt's at the top, a stream's on each
-choice's role chunk). The shapes from made-up outputs first, then a local app with the SIMULATED engine (the real
-engine's ids: tests/test_real_app.py)."""
+choice's role chunk); and vLLM's ``stop_reason`` on a choice a stop string or stop token ended. The shapes from
+made-up outputs first, then a local app with the SIMULATED engine (the real engine's ids: tests/test_real_app.py)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,16 @@ def test_echo_of_the_prompt_alone_returns_no_generated_ids():
     fmt = CompletionFormat("m", echo=["say"], echo_only=True, prompt_ids=[[4, 5]])
     choice = dumped(fmt.response([result((9,))]))["choices"][0]
     assert choice["text"] == "say" and choice["prompt_token_ids"] == [4, 5] and choice["token_ids"] == []
+
+
+def test_a_choice_a_stop_ended_names_it_whole_and_streamed_and_one_that_ran_out_has_none():
+    stopped = GenerationResult("r", "x", 3, 1, "stop", token_ids=(7,), stop_reason="\n\n")
+    by_token = GenerationResult("r", "x", 3, 1, "stop", token_ids=(7,), stop_reason=2)
+    whole = dumped(CompletionFormat("m", n=3).response([stopped, by_token, result((7,))]))
+    assert [c.get("stop_reason") for c in whole["choices"]] == ["\n\n", 2, None]
+    assert dumped(ChatFormat("m").response([stopped]))["choices"][0]["stop_reason"] == "\n\n"
+    for fmt in (CompletionFormat("m"), ChatFormat("m")):
+        assert dumped(fmt.final_chunks(0, stopped)[-1])["choices"][0]["stop_reason"] == "\n\n"
 
 
 def test_chat_has_the_prompts_ids_at_the_top_and_each_choices_ids_on_it():

@@ -1,7 +1,8 @@
 """The same tool-calling requests to the real app and to vLLM's own server on the same model and settings (the shipped
 config's chat template, tool parser and context, the dtype and compute threads the app's engine has, eager, greedy):
 the same prompt to the token, the same tool calls and finish reasons, on chat completions and the Responses API,
-the same prompt for a chat template's arguments, and the same status codes for what both refuse.
+the same prompt for a chat template's arguments and a truncation, the same stop reasons, and the same status codes for
+what both refuse.
 In the soak tier: it starts vLLM's server beside the real app, which `make test` has no time for."""
 
 from __future__ import annotations
@@ -192,6 +193,17 @@ def test_a_truncated_prompt_keeps_the_tokens_vllms_own_server_keeps(real_app, vl
     if route == "/v1/completions":  # completions give a choice's prompt ids, chat the answer's
         app, vllm = app["choices"][0], vllm["choices"][0]
     assert app["prompt_token_ids"] == vllm["prompt_token_ids"] and len(app["prompt_token_ids"]) == 12
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_a_stop_ends_an_answer_with_the_stop_reason_vllms_own_server_gives(real_app, vllm_url, route):
+    period = post(real_app.url, "/tokenize", {"prompt": "."}).json()["tokens"][-1]
+    prompt = {"prompt": "The capital of France is"} if route == "/v1/completions" else {"messages": ASK}
+    for stop in ({"stop": ["\n\n", "."]}, {"stop_token_ids": [period]}):
+        body = {**prompt, **stop, "max_tokens": 64, "temperature": 0}
+        app, vllm = (warm_post(url, route, body).json()["choices"][0] for url in (real_app.url, vllm_url))
+        assert app["finish_reason"] == vllm["finish_reason"] == "stop", (app, vllm)
+        assert app["stop_reason"] == vllm["stop_reason"] in (".", period)
 
 
 def test_the_app_refuses_what_vllms_own_server_refuses_with_its_status(real_app, vllm_url):

@@ -61,12 +61,15 @@ class GenerationResult:
     cache_write_tokens: int | None = None
     """How many of the prompt's tokens this request computed into new prefix-cache blocks (vLLM's
     ``num_cache_creation_tokens``: its full blocks not cached before); None where the engine keeps no such cache."""
+    stop_reason: int | str | None = None
+    """The stop string or stop token id that ended it (vLLM's ``stop_reason``); None: its end-of-sequence token,
+    its length, or an engine that does not say."""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (the log probabilities only where asked for; the token ids and the prefix cache's
-        counts left to the routes that report them)."""
+        """A JSON-ready dict (the log probabilities only where asked for; the token ids, the prefix cache's counts
+        and the stop reason left to the routes that report them)."""
         out = asdict(self)
-        del out["token_ids"], out["cached_tokens"], out["cache_write_tokens"]
+        del out["token_ids"], out["cached_tokens"], out["cache_write_tokens"], out["stop_reason"]
         for name in ("logprobs", "prompt_logprobs"):
             if out[name] is None:
                 del out[name]

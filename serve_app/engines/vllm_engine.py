@@ -209,7 +209,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
         self._counts["requests"] += 1
         parts: list[str] = []
         token_ids: list[int] = []
-        finish_reason = cached = written = None
+        finish_reason = cached = written = stop_reason = None
         wanted = request.sampling.logprobs is not None
         logprobs: list[TokenLogprob] = []
         prompt_logprobs = None
@@ -240,6 +240,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
                     yield GenerationDelta(request.request_id, completion.text, len(token_ids), new, unsent, new_ids)
                     unsent = None
                 finish_reason = completion.finish_reason or finish_reason
+                stop_reason = completion.stop_reason if completion.stop_reason is not None else stop_reason
         except VLLMEngineDeadError as exc:
             self._dead = exc
             raise EngineDeadError(f"vLLM engine died: {exc}") from exc
@@ -263,6 +264,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             token_ids=tuple(token_ids),
             cached_tokens=cached or 0,
             cache_write_tokens=written or 0,
+            stop_reason=stop_reason,
         )
 
     async def set_adapters(self, adapters: dict[str, str]) -> None:

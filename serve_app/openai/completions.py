@@ -83,6 +83,12 @@ def finish_reason(result: GenerationResult) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
+def stop_reason(result: GenerationResult) -> dict[str, int | str]:
+    """vLLM's ``stop_reason`` field of a finished choice, where a stop string or stop token id ended it (the
+    matched one); nothing otherwise, as the app leaves out fields that would be null."""
+    return {} if result.stop_reason is None else {"stop_reason": result.stop_reason}
+
+
 class CompletionFormat:
     """``/v1/completions`` bodies for one request: ``n`` choices per prompt, each echoing its prompt if asked;
     ``logprobs``: alternatives per token where the request asked for log probabilities (None: it did not);
@@ -159,15 +165,16 @@ class CompletionFormat:
                 finish_reason=finish_reason(r),
                 logprobs=self._choice_logprobs(i, r, first=True),
                 **self._token_ids(i, r, first=True),
+                **stop_reason(r),
             )
             for i, r in enumerate(results)
         ]
         return self._completion(choices, results)
 
     def _chunk(
-        self, index: int, text: str, reason: str | None, logprobs: Logprobs | None = None, **token_ids: list[int]
+        self, index: int, text: str, reason: str | None, logprobs: Logprobs | None = None, **fields: Any
     ) -> Completion:
-        choice = CompletionChunkChoice(index=index, text=text, finish_reason=reason, logprobs=logprobs, **token_ids)
+        choice = CompletionChunkChoice(index=index, text=text, finish_reason=reason, logprobs=logprobs, **fields)
         return self._completion([choice], None)
 
     def chunks(self, index: int, delta: GenerationDelta) -> list[Completion]:
@@ -188,7 +195,8 @@ class CompletionFormat:
         first = index not in self._started
         self._started.add(index)
         text = self._prefix(index) if first else ""
-        return [self._chunk(index, text, finish_reason(result), **self._token_ids(index, None, first))]
+        ids = self._token_ids(index, None, first)
+        return [self._chunk(index, text, finish_reason(result), **ids, **stop_reason(result))]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> Completion:
         return self._completion([], results)

@@ -19,7 +19,7 @@ from openai.types.chat.chat_completion_token_logprob import TopLogprob
 from ...engines import GenerationDelta, GenerationResult, TokenLogprob
 from ...engines.parsers import OutputReader
 from ..common import clamp_logprob, new_id, usage
-from ..completions import finish_reason
+from ..completions import finish_reason, stop_reason
 from ..tools import ToolCalls
 
 
@@ -131,7 +131,8 @@ class ChatFormat:
             extra = {"tool_calls": calls} if calls else {}
             message = ChatCompletionMessage(role="assistant", content=content, **extra, **thoughts)
             logprobs = self._logprobs(r.logprobs, ChoiceLogprobs)
-            choice = ChatChoice(index=i, message=message, finish_reason=reason, logprobs=logprobs, **self._token_ids(r))
+            fields = {**self._token_ids(r), **stop_reason(r)}
+            choice = ChatChoice(index=i, message=message, finish_reason=reason, logprobs=logprobs, **fields)
             choices.append(choice)
         return ChatCompletion(
             id=self.id,
@@ -195,7 +196,9 @@ class ChatFormat:
             deltas = [ChoiceDeltaToolCall(index=k, **call.model_dump()) for k, call in enumerate(calls)]
             delta = ChoiceDelta(content=content, **({"tool_calls": deltas} if deltas else {}))
             out.append(self._chunk([ChunkChoice(index=index, delta=delta, finish_reason=None, logprobs=None)]))
-        done = ChunkChoice(index=index, delta=ChoiceDelta(), finish_reason=reason, logprobs=None, **ids)
+        done = ChunkChoice(
+            index=index, delta=ChoiceDelta(), finish_reason=reason, logprobs=None, **ids, **stop_reason(result)
+        )
         return [*out, self._chunk([done])]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> ChatCompletionChunk:
