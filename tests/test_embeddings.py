@@ -270,6 +270,7 @@ async def test_openai_client_embeddings_equal_sentence_transformers_in_order(ser
         ({"input": [[5, 99999999]]}, 400, "input", "token ids"),
         ({"input": "hi", "model": "gpt-nope"}, 404, "model", "does not exist"),
         ({"input": "hi", "dimensions": 64}, 400, "dimensions", "384"),
+        ({"input": "hi", "truncate_prompt_tokens": 100_000}, 400, "truncate_prompt_tokens", "cannot be greater"),
         ({"input": "hi", "encoding_format": "int8"}, 400, "encoding_format", "float"),
         ({"input": "hi", "embed_dtype": "float16"}, 400, "embed_dtype", "vLLM extension is not supported"),
         ({"input": 42}, 400, "input", "valid"),

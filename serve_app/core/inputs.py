@@ -40,6 +40,10 @@ class InputBuilder:
         """One request per input (text or token ids), in order, or the input's own problem in its place (a
         problem with the list itself, such as too many inputs, is raised)."""
         check_batch(inputs, "input", "inputs", self.config.max_inputs_per_request)
+        most = self.engine.max_length
+        if truncate is not None and truncate > most:  # vLLM's server refuses it too
+            why = f"truncate_prompt_tokens={truncate} cannot be greater than the {most} tokens the model reads"
+            raise RequestError(why, param="truncate_prompt_tokens")
         rows: list[Any] = list(inputs)
         texts: dict[int, str] = {}
         for index, value in enumerate(inputs):
@@ -87,7 +91,7 @@ class InputBuilder:
             raise RequestError(f"input[{index}]: token ids must be integers in [0, {vocab})", param="input")
         most = self.engine.max_length
         if truncate is not None:
-            return self.engine.truncate(ids, most if truncate == -1 else min(truncate, most))
+            return self.engine.truncate(ids, most if truncate == -1 else truncate)
         if len(ids) > most:
             raise RequestError(
                 f"input[{index}]: {len(ids)} tokens, but this model reads at most {most}; shorten it, or ask for "
