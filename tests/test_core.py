@@ -120,6 +120,21 @@ async def test_a_completions_add_special_tokens_reaches_the_engines_tokenizer(mo
     assert asked == [special, special]
 
 
+async def test_max_tokens_past_the_context_gets_the_room_the_context_has_as_vllms_server_gives_it():
+    generator = core(simulated={"max_model_len": 64, "step_s": 0})
+    await generator.start()
+    try:
+        (request,) = await prompts(generator, ["x" * 200], max_tokens=100)  # 50 tokens: room for 14
+        assert request.sampling.max_tokens == 64 - len(request.prompt_token_ids) == 14
+        (result,) = await generator.complete([request])
+        assert result.output_tokens == 14 and result.finish_reason == "length"
+        with pytest.raises(RequestError) as refused:
+            await prompts(generator, ["x" * 200], max_tokens=100, min_tokens=20)
+        assert refused.value.param == "min_tokens"
+    finally:
+        await generator.stop()
+
+
 @pytest.mark.parametrize("keep", [0, 100_000])
 async def test_a_truncation_that_leaves_nothing_or_exceeds_the_context_is_refused_naming_it(keep):
     with pytest.raises(RequestError) as refused:

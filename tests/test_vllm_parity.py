@@ -206,6 +206,15 @@ def test_a_stop_ends_an_answer_with_the_stop_reason_vllms_own_server_gives(real_
         assert app["stop_reason"] == vllm["stop_reason"] in (".", period)
 
 
+def test_max_tokens_past_the_context_is_cut_to_its_room_as_vllms_own_server_cuts_it(real_app, vllm_url):
+    body = {"prompt": "word " * 1900, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+    app, vllm = (post(url, "/v1/completions", body).json() for url in (real_app.url, vllm_url))
+    assert app["usage"]["prompt_tokens"] == vllm["usage"]["prompt_tokens"] < 2048, (app, vllm)
+    room = 2048 - app["usage"]["prompt_tokens"]
+    assert app["usage"]["completion_tokens"] == vllm["usage"]["completion_tokens"] == room < 1000
+    assert app["choices"][0]["finish_reason"] == vllm["choices"][0]["finish_reason"] == "length"
+
+
 def test_the_app_refuses_what_vllms_own_server_refuses_with_its_status(real_app, vllm_url):
     bodies = {name: {**body, "max_tokens": 16} for name, body in REFUSED.items()}
     app = {name: post(real_app.url, "/v1/chat/completions", body).status_code for name, body in bodies.items()}

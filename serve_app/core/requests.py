@@ -326,10 +326,11 @@ class RequestBuilder:
         context = self.engine.max_model_len
         if len(token_ids) >= context:
             raise RequestError(f"{what} has {len(token_ids)} tokens; the model's context is {context} tokens")
-        if len(token_ids) + sampling.max_tokens > context:
-            raise RequestError(
-                f"{what} has {len(token_ids)} tokens and asks for max_tokens={sampling.max_tokens}: "
-                f"{len(token_ids) + sampling.max_tokens} exceeds the model's context of {context} tokens"
-            )
+        room = context - len(token_ids)
+        if sampling.min_tokens > room:
+            why = f"{what} has {len(token_ids)} tokens: the model's context of {context} leaves room for {room}"
+            raise RequestError(f"{why}, fewer than min_tokens={sampling.min_tokens}", param="min_tokens")
+        if sampling.max_tokens > room:  # as vLLM's server answers it: with what the context has room for
+            sampling = replace(sampling, max_tokens=room)
         request_id = f"req-{uuid.uuid4().hex}"
         return GenerationRequest(request_id, token_ids, sampling, text, origin.priority, origin.tenant)
