@@ -75,8 +75,9 @@ class TemplateFields(BaseModel):
 
     def template_kwargs(self) -> dict[str, Any]:
         """The template call's arguments, merged as vLLM's server merges them (its own switches win)."""
-        own = {"add_generation_prompt": self.add_generation_prompt}
-        return {**(self.chat_template_kwargs or {}), **own, "continue_final_message": self.continue_final_message}
+        switches = {"add_generation_prompt": self.add_generation_prompt}
+        switches["continue_final_message"] = self.continue_final_message
+        return {**(self.chat_template_kwargs or {}), **switches}
 
     def template_refusals(self) -> list[Refusal]:
         """What vLLM's server refuses of them, in its words."""
