@@ -1,6 +1,7 @@
 """Request building for the generation core: every check a generation request gets, in one place. The body's own
 refusals (fields this server cannot honour) and model, the app's limits, each prompt's text, and its tokens against
-the model's context; then tokenized (off the event loop, by the engine's own tokenizer) into engine requests.
+the model's context (:mod:`.context`: cut and fitted as vLLM's server does); then tokenized (off the event loop, by
+the engine's own tokenizer) into engine requests.
 
 A batch of prompts is checked row by row (:meth:`RequestBuilder.rows`: one bad prompt is that row's problem alone,
 as Ray Data jobs need) or all or none (:meth:`RequestBuilder.prompts`: the first problem refuses the request, as an
@@ -26,6 +27,7 @@ from ..openai.completions import CompletionRequest
 from ..openai.tokenize import DetokenizeRequest, TokenizeRequest
 from ..openai.types import is_valid_unicode
 from .base import check_batch
+from .context import fitted, truncated
 
 _NOT_SAMPLING = {
     "model",
@@ -302,35 +304,12 @@ class RequestBuilder:
         schema = tools.output_schema(body.tools or [], body.tool_choice, body.parallel_tool_calls)
         return StructuredOutputs(json=json.dumps(schema))
 
-    def _truncated(self, token_ids: list[int], sampling: SamplingOptions, what: str) -> list[int]:
-        """The prompt's tokens cut to ``truncate_prompt_tokens`` from its side, as vLLM's renderer cuts them (-1:
-        the context less the one token an answer needs)."""
-        keep, context = sampling.truncate_prompt_tokens, self.engine.max_model_len
-        if keep is None:
-            return token_ids
-        if keep > context:
-            why = f"truncate_prompt_tokens={keep} cannot be greater than the model's context of {context} tokens"
-            raise RequestError(why, param="truncate_prompt_tokens")
-        keep = context - 1 if keep < 0 else keep
-        if keep == 0:
-            raise RequestError(f"{what} is empty with truncate_prompt_tokens=0", param="truncate_prompt_tokens")
-        side = sampling.truncation_side or self.engine.truncation_side
-        return token_ids[-keep:] if side == "left" else token_ids[:keep]
-
     def _request(
         self, token_ids: list[int], text: str, sampling: SamplingOptions, what: str, origin: Origin
     ) -> GenerationRequest:
-        if sampling.truncate_prompt_tokens is not None:
-            cut = self._truncated(token_ids, sampling, what)
-            token_ids, text = cut, text if len(cut) == len(token_ids) else ""  # an echo shows what ran
         context = self.engine.max_model_len
-        if len(token_ids) >= context:
-            raise RequestError(f"{what} has {len(token_ids)} tokens; the model's context is {context} tokens")
-        room = context - len(token_ids)
-        if sampling.min_tokens > room:
-            why = f"{what} has {len(token_ids)} tokens: the model's context of {context} leaves room for {room}"
-            raise RequestError(f"{why}, fewer than min_tokens={sampling.min_tokens}", param="min_tokens")
-        if sampling.max_tokens > room:  # as vLLM's server answers it: with what the context has room for
-            sampling = replace(sampling, max_tokens=room)
+        cut = truncated(token_ids, sampling, context, self.engine.truncation_side, what)
+        token_ids, text = cut, text if len(cut) == len(token_ids) else ""  # an echo shows what ran
+        sampling = fitted(token_ids, sampling, context, what)
         request_id = f"req-{uuid.uuid4().hex}"
         return GenerationRequest(request_id, token_ids, sampling, text, origin.priority, origin.tenant)
