@@ -21,6 +21,7 @@ from harness.procs import engine_of, processes, replicas
 from harness.vllm_bench import bench_serve
 
 from .test_streaming import sse_events
+from .waits import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -331,6 +332,38 @@ def test_openai_client_embeddings_from_the_same_base_url_equal_sentence_transfor
     cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cosine.min() >= 0.999, cosine
     assert {m.id for m in client.models.list().data} == {"SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"}
+
+
+def metric_total(url: str, name: str, model: str) -> float:
+    """The sum of ``name``'s samples for ``model`` (its ``model_name`` tag) on a Prometheus page, over replicas."""
+    total = 0.0
+    for line in httpx.get(url, timeout=30).text.splitlines():
+        if line.startswith(name + "{") and f'model_name="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_vllms_engine_metrics_reach_rays_prometheus_endpoint_docs_name(real_app):
+    """docs/metrics.md's example prints the node's Prometheus URL, where both apps' engines count the tokens of
+    what they just served (vLLM's own metrics, through Ray's: ``vllm.log_engine_metrics``, on by default)."""
+    (url,) = real_app.run_example("docs/metrics.md", "MetricsExportPort").split()
+    generated = ("ray_vllm_generation_tokens_total", "SmolLM2-135M-Instruct")
+    read = ("ray_vllm_prompt_tokens_total", "all-MiniLM-L6-v2")
+    before = {key: metric_total(url, *key) for key in (generated, read)}
+    chat = httpx.post(f"{real_app.url}/v1/chat/completions", json={"messages": FRANCE, "max_tokens": 8}, timeout=120)
+    embedded = httpx.post(f"{real_app.url}/v1/embeddings", json={"input": "metrics, counted"}, timeout=120)
+    assert chat.status_code == 200 and embedded.status_code == 200, (chat.text, embedded.text)
+    wanted = {
+        generated: before[generated] + chat.json()["usage"]["completion_tokens"],
+        read: before[read] + embedded.json()["usage"]["prompt_tokens"],
+    }
+    now: dict = {}
+
+    def counted() -> bool:  # Ray exports what a worker recorded every few seconds
+        now.update({key: metric_total(url, *key) for key in wanted})
+        return all(now[key] >= value for key, value in wanted.items())
+
+    wait_until(counted, 120, "the engines' token counters", interval=1, detail=lambda: f": {now} of {wanted}")
 
 
 def serve_status(env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -116,6 +116,13 @@ class VLLMSettings(Strict):
         "`deepseek_r1`): chat answers then carry them apart from `content`, in `reasoning` (and `reasoning_content`), "
         "and structured output constrains only the answer after them",
     )
+    log_engine_metrics: bool = Field(
+        True,
+        description="vLLM's engine metrics (requests running and waiting, KV cache usage, prefix cache hits, TTFT, "
+        "inter-token latency, ...) on Ray's Prometheus endpoint as `ray_vllm_*`, as Ray Serve LLM's "
+        "`log_engine_metrics` exports them (docs/metrics.md); false: the engine keeps no statistics, a little less "
+        "CPU per token",
+    )
     engine_args: dict[str, Any] = Field(
         default_factory=dict, description="anything else for `vllm.AsyncEngineArgs` (e.g. tensor_parallel_size)"
     )

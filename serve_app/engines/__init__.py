@@ -51,4 +51,6 @@ def build_engine(config: AppConfig) -> Engine:
     from .vllm_engine import VLLMEngine
 
     on_gpus = config.placement is not None and config.placement.bundle_per_worker.get("GPU", 0) > 0
-    return VLLMEngine(resolve(config.model), config.vllm, workers_on_gpus=on_gpus, lora=config.lora)
+    return VLLMEngine(
+        resolve(config.model), config.vllm, workers_on_gpus=on_gpus, lora=config.lora, served_name=config.model_name
+    )

@@ -174,7 +174,11 @@ def start_async_llm(
     if in_ray_worker():  # the engine must not outlive this worker, even where the raylet goes first
         reap_group_on_exit()
     with scoped_environ(start_env):  # the engine's processes are spawned (and inherit it) before this returns
-        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), usage_context=UsageContext.OPENAI_API_SERVER)
+        llm = AsyncLLM.from_engine_args(
+            AsyncEngineArgs(**args),
+            usage_context=UsageContext.OPENAI_API_SERVER,
+            stat_loggers=engine_metrics(settings.log_engine_metrics),
+        )
     workers = settings.parallelism() * int(settings.engine_args.get("data_parallel_size", 1))
     if not on_gpu and settings.cpu_idle_gloo_threads and workers == 1:  # with more, gloo carries their traffic
         logger.info("vLLM's gloo transport threads now at SCHED_IDLE: %d", idle_gloo_threads())
@@ -187,6 +191,19 @@ def start_async_llm(
         yield_cores(settings.cpu_replica_niceness)
         logger.info("this process now at nice %d, below its engine's processes", settings.cpu_replica_niceness)
     return llm
+
+
+def engine_metrics(wanted: bool) -> list[Any] | None:
+    """The stat loggers that export vLLM's engine metrics through Ray's (``vllm.log_engine_metrics``), as Ray Serve
+    LLM adds them; none outside a Ray worker, where no one would read them (the engine then keeps no statistics)."""
+    if not wanted:
+        return None
+    if not in_ray_worker():
+        logger.info("vLLM's engine metrics are not exported: this process is not a Ray worker")
+        return None
+    from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+    return [RayPrometheusStatLogger]
 
 
 def step_tokens(setting: str | int | None, max_num_seqs: int | None, on_gpu: bool) -> int | None:

@@ -103,4 +103,4 @@ def build_embedding_engine(config: EmbeddingConfig) -> EmbeddingEngine:
         return EncoderEngine(config.model, config.device, config.cpu_threads, config.dtype)
     from .pooling import PoolingEngine
 
-    return PoolingEngine(config.model, config.vllm)
+    return PoolingEngine(config.model, config.vllm, config.model_name)

@@ -40,12 +40,18 @@ class PoolingEngine(AsyncLLMLifecycle, EmbeddingEngine):
     continuous = True
     padded = False
 
-    def __init__(self, model: str | Path = BUNDLED, settings: PoolingSettings | None = None) -> None:
+    def __init__(
+        self, model: str | Path = BUNDLED, settings: PoolingSettings | None = None, served_name: str | None = None
+    ) -> None:
+        """``served_name``: the model's name in the engine's metrics (vLLM's ``served_model_name``)."""
         settings = settings or PoolingSettings()
         path = str(bundled_encoder_path() if str(model) == BUNDLED else model)
         on_gpu = has_cuda()
         self.device = "cuda" if on_gpu else "cpu"
-        args = {"runner": "pooling", "scheduling_policy": settings.scheduling_policy, **settings.engine_args}
+        args = {"runner": "pooling", "scheduling_policy": settings.scheduling_policy}
+        if served_name:
+            args["served_model_name"] = served_name
+        args.update(settings.engine_args)
         try:
             self._llm: Any = start_async_llm(path, settings, on_gpu, args)
         except Exception as exc:

@@ -75,12 +75,20 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
     structures_outputs = True
 
     def __init__(
-        self, model: str, settings: VLLMSettings, workers_on_gpus: bool = False, lora: LoraSettings | None = None
+        self,
+        model: str,
+        settings: VLLMSettings,
+        workers_on_gpus: bool = False,
+        lora: LoraSettings | None = None,
+        served_name: str | None = None,
     ) -> None:
         """``workers_on_gpus``: the engine's workers run in the replica's placement group, on its GPUs (the replica
-        process itself then sees none); ``lora``: the adapters a request may run with."""
+        process itself then sees none); ``lora``: the adapters a request may run with; ``served_name``: the model's
+        name in the engine's metrics (vLLM's ``served_model_name``)."""
         on_gpu = self._on_gpu = workers_on_gpus or has_cuda()
         args = {"scheduling_policy": settings.scheduling_policy, **(lora.engine_args() if lora else {})}
+        if served_name:
+            args["served_model_name"] = served_name
         args.update(settings.engine_args)
         self._lora_ids = itertools.count(1)
         self._adapters = lora_requests(lora.adapters, self._lora_ids) if lora is not None else {}
