@@ -67,6 +67,32 @@ def test_completions_lists_tokens_logprobs_offsets_and_logprobs_plus_one_alterna
     assert logprobs["top_logprobs"][0] == {" is": -0.25, " was": -1.5}  # the token and 1 more: vLLM's k + 1
 
 
+BY_ID = (  # with the engine's ids, the second part of a character's bytes (its text the replacement character)
+    TokenLogprob(" is", -0.25, ((" is", -0.25), (" was", -1.5)), 318, (318, 373)),
+    TokenLogprob("\ufffd", -1.0, (("\ufffd", -1.0), (" x", -2.0)), 9468, (9468, 2124)),
+)
+
+
+def test_return_tokens_as_token_ids_names_each_token_and_alternative_by_its_id_in_both_shapes():
+    """vLLM's ``return_tokens_as_token_ids``: ``token_id:<id>`` for a token and its alternatives; chat's ``bytes``
+    of the token stay its text's and completions' offsets run over the names, as vLLM's server sends them."""
+    answer = GenerationResult("r", " is\ufffd", 2, 2, "length", logprobs=BY_ID)
+    content = dumped(ChatFormat("m", top_logprobs=1, by_id=True).response([answer]))["choices"][0]["logprobs"]
+    assert [c["token"] for c in content["content"]] == ["token_id:318", "token_id:9468"]
+    assert content["content"][0]["bytes"] == list(b" is")
+    top = content["content"][0]["top_logprobs"]
+    assert top == [{"token": "token_id:318", "bytes": list(b"token_id:318"), "logprob": -0.25}]
+    logprobs = dumped(CompletionFormat("m", logprobs=1, by_id=True).response([answer]))["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["token_id:318", "token_id:9468"]
+    assert logprobs["top_logprobs"] == [
+        {"token_id:318": -0.25, "token_id:373": -1.5},
+        {"token_id:9468": -1.0, "token_id:2124": -2.0},
+    ]
+    assert logprobs["text_offset"] == [0, 12]
+    plain = dumped(CompletionFormat("m", logprobs=1).response([answer]))["choices"][0]["logprobs"]
+    assert plain["tokens"] == [" is", "\ufffd"]
+
+
 def test_completions_echo_puts_the_prompts_tokens_first_with_none_for_the_first():
     fmt = CompletionFormat("m", echo=["The sky"], logprobs=0)
     choice = dumped(fmt.response([result(prompt_logprobs=PROMPT)]))["choices"][0]
@@ -99,6 +125,8 @@ def test_results_to_dict_carries_logprobs_only_where_asked_for():
         "token": " is",
         "logprob": -0.25,
         "top": ((" is", -0.25), (" was", -1.5), (" looks", -2.5)),
+        "token_id": None,  # the made-up values have no ids; the engine's do (tests/test_real_app.py)
+        "top_ids": (),
     }
 
 

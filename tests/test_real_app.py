@@ -134,6 +134,37 @@ def test_return_token_ids_gives_the_ids_the_engine_ran_whole_and_streamed(real_a
     assert len(answer["choices"][0]["token_ids"]) == answer["usage"]["completion_tokens"]
 
 
+def test_return_tokens_as_token_ids_names_each_logprob_by_the_id_the_engine_ran(real_app):
+    """vLLM's ``return_tokens_as_token_ids`` on the real engine: each log probability's token is ``token_id:<id>``
+    of the id ``return_token_ids`` lists at its place, and its alternatives are named by ids too; on completions
+    with ``echo`` (the prompt's ids first), chat, and the chat handle."""
+    url = real_app.url
+    named = {"logprobs": 2, "return_tokens_as_token_ids": True, "return_token_ids": True, "temperature": 0}
+    body = {"prompt": "The capital of France is", "max_tokens": 4, "echo": True, **named}
+    (choice,) = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"]
+    ids = choice["prompt_token_ids"] + choice["token_ids"]
+    assert choice["logprobs"]["tokens"] == [f"token_id:{i}" for i in ids]
+    assert all(k.startswith("token_id:") for top in choice["logprobs"]["top_logprobs"][1:] for k in top)
+    chat = {"messages": FRANCE, "max_tokens": 4, **named, "logprobs": True, "top_logprobs": 2}
+    (choice,) = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=120).json()["choices"]
+    content = choice["logprobs"]["content"]
+    assert [c["token"] for c in content] == [f"token_id:{i}" for i in choice["token_ids"]]
+    assert all(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["token"] == c["token"] for c in content)
+    handle = real_app.call("tests.test_real_app:chat_by_id", FRANCE)
+    assert [t["token"] for t in handle["logprobs"]] == [f"token_id:{i}" for i in handle["token_ids"]]
+    assert [t["token_id"] for t in handle["logprobs"]] == handle["token_ids"]
+
+
+def chat_by_id(messages: list) -> dict:
+    """The chat handle's answer with its log probabilities named by id (run in a driver of the app's cluster)."""
+    import ray
+    from ray import serve
+
+    ray.init(address="auto", namespace="serve", logging_level="ERROR")
+    fields = {"logprobs": True, "return_tokens_as_token_ids": True, "return_token_ids": True, "temperature": 0}
+    return serve.get_app_handle("llm").chat.remote(messages, max_tokens=4, **fields).result()
+
+
 def test_engine_and_replicas_keep_serve_runs_niceness(real_app):
     """serve.env's RAY_worker_niceness=0 reaches the raylet: the vLLM engine processes a replica starts run at
     the niceness `serve run` was started with (this test's), not 15 above it, Ray's default (on a CPU a niced

@@ -206,6 +206,27 @@ def test_a_stop_ends_an_answer_with_the_stop_reason_vllms_own_server_gives(real_
         assert app["stop_reason"] == vllm["stop_reason"] in (".", period)
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_log_probabilities_named_by_id_are_named_as_vllms_own_server_names_them(real_app, vllm_url, route):
+    """``return_tokens_as_token_ids``: the names of the first answer token and its alternatives, and the prompt's
+    with ``echo`` (a one-token greedy answer: both servers pick the same token, however their sums part later)."""
+    asked = {"return_tokens_as_token_ids": True, "max_tokens": 1, "temperature": 0}
+    if route == "/v1/completions":
+        body = {"prompt": "The capital of France is", "echo": True, "logprobs": 3, **asked}
+        app, vllm = (warm_post(url, route, body).json()["choices"][0]["logprobs"] for url in (real_app.url, vllm_url))
+        assert app["tokens"] == vllm["tokens"] and app["text_offset"] == vllm["text_offset"]
+        assert [sorted(top or ()) for top in app["top_logprobs"]] == [sorted(top or ()) for top in vllm["top_logprobs"]]
+    else:
+        body = {"messages": ASK, "logprobs": True, "top_logprobs": 3, **asked}
+        app, vllm = (
+            warm_post(url, route, body).json()["choices"][0]["logprobs"]["content"] for url in (real_app.url, vllm_url)
+        )
+        assert [(c["token"], c["bytes"]) for c in app] == [(c["token"], c["bytes"]) for c in vllm]
+        assert [[(t["token"], t["bytes"]) for t in c["top_logprobs"]] for c in app] == [
+            [(t["token"], t["bytes"]) for t in c["top_logprobs"]] for c in vllm
+        ]
+
+
 def test_max_tokens_past_the_context_is_cut_to_its_room_as_vllms_own_server_cuts_it(real_app, vllm_url):
     body = {"prompt": "word " * 1900, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
     app, vllm = (post(url, "/v1/completions", body).json() for url in (real_app.url, vllm_url))

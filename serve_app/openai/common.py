@@ -8,13 +8,14 @@ import json
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Header
 from openai.types import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from ..engines import GenerationResult, StructuredOutputs
+from ..engines import GenerationResult, StructuredOutputs, TokenLogprob
 from .fields import OpenAIModel
 from .structured import ResponseFormat, StructuredOutputsFields
 from .types import Priority, Refusal, Text, TokenId
@@ -181,6 +182,9 @@ class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
     return_token_ids: bool | None = Field(
         None, description="vLLM's: the prompt's token ids and each choice's generated ones (a stream's: per chunk)"
     )
+    return_tokens_as_token_ids: bool | None = Field(
+        None, description="vLLM's: each log probability's token, and its alternatives, named `token_id:<id>`"
+    )
 
     def refusals(self) -> list[Refusal]:
         out = super().refusals() + self.extension_refusals()
@@ -222,6 +226,20 @@ def sse(payload: Any, event: str | None = None) -> str:
 
 LOGPROB_FLOOR = -9999.0
 """What a log probability of minus infinity is sent as (JSON has no infinity; OpenAI's and vLLM's value)."""
+
+
+def named_by_id(tokens: Sequence[TokenLogprob], by_id: bool = True) -> Sequence[TokenLogprob]:
+    """``tokens`` with each token and alternative named ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``: a
+    token that does not decode alone, such as part of a character's bytes, is still told apart); as they are
+    where not ``by_id``."""
+    if not by_id:
+        return tokens
+    return [
+        replace(
+            t, token=f"token_id:{t.token_id}", top=tuple((f"token_id:{i}", lp) for i, (_, lp) in zip(t.top_ids, t.top))
+        )
+        for t in tokens
+    ]
 
 
 def clamp_logprob(logprob: float | None) -> float:

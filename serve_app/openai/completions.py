@@ -12,7 +12,7 @@ from openai.types.completion_choice import Logprobs
 from pydantic import Field
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
-from .common import OpenAIRequest, clamp_logprob, new_id, usage
+from .common import OpenAIRequest, clamp_logprob, named_by_id, new_id, usage
 from .fields import GENERATION_EXTENSIONS
 from .types import Refusal, Text, TokenId
 
@@ -92,7 +92,8 @@ def stop_reason(result: GenerationResult) -> dict[str, int | str]:
 class CompletionFormat:
     """``/v1/completions`` bodies for one request: ``n`` choices per prompt, each echoing its prompt if asked;
     ``logprobs``: alternatives per token where the request asked for log probabilities (None: it did not);
-    ``prompt_ids``: each prompt's token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not)."""
+    ``prompt_ids``: each prompt's token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not);
+    ``by_id``: tokens named by their ids in the log probabilities (vLLM's ``return_tokens_as_token_ids``)."""
 
     def __init__(
         self,
@@ -102,8 +103,9 @@ class CompletionFormat:
         logprobs: int | None = None,
         echo_only: bool = False,
         prompt_ids: Sequence[Sequence[int]] | None = None,
+        by_id: bool = False,
     ) -> None:
-        self.model, self.n, self.echo, self.logprobs = model, n, list(echo), logprobs
+        self.model, self.n, self.echo, self.logprobs, self.by_id = model, n, list(echo), logprobs, by_id
         self.echo_only = echo_only  # the prompt alone: what was generated is left out (CompletionRequest.echo_only)
         self.prompt_ids = prompt_ids
         self.id, self.created = new_id("cmpl"), int(time.time())
@@ -128,6 +130,7 @@ class CompletionFormat:
         """OpenAI's completions ``logprobs`` for the next ``tokens`` of choice ``index``: as vLLM's server gives
         them, the token's own log probability and the first ``logprobs`` + 1 alternatives; none for a token
         without one (a prompt's first)."""
+        tokens = named_by_id(tokens, self.by_id)
         offset = self._offsets.get(index, 0)
         offsets = []
         for t in tokens:

@@ -27,7 +27,6 @@ GENERATION_EXTENSIONS: Mapping[str, Any] = {
     "repetition_detection": None,
     "return_mm_kwargs": None,
     "return_token_offsets": False,
-    "return_tokens_as_token_ids": None,
     "routed_experts_prompt_start": 0,
     "session_id": None,
     "spaces_between_special_tokens": True,

@@ -23,7 +23,6 @@ full queue: ``batching.QueueFullError``; ...).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import asdict
 from typing import Any
 
 from ..core import Generator, parse
@@ -69,8 +68,9 @@ class HandleMethods:
         body = parse(ChatCompletionRequest, {**fields, "messages": messages, "stream": False})
         requests = (await self.core.requests.chat_completion(body))[:1]
         reader = self._reader(body, requests[0])
+        by_id = bool(body.return_tokens_as_token_ids)
         return requests, Answer(
-            requests[0], bool(body.return_token_ids), self._tool_calls(body), reader, body.include_reasoning
+            requests[0], bool(body.return_token_ids), self._tool_calls(body), reader, body.include_reasoning, by_id
         )
 
     async def generate(self, prompt: str, *, priority: int = 0, tenant: str | None = None, **sampling: Any) -> Any:
@@ -131,7 +131,7 @@ class HandleMethods:
             if isinstance(output, GenerationDelta):
                 item = {"type": "delta", "text": output.text, "output_tokens": output.output_tokens}
                 if output.logprobs is not None:  # asked for (``logprobs=``; ``chat_stream``: ``logprobs=True``)
-                    item["logprobs"] = [asdict(token) for token in output.logprobs]
+                    item["logprobs"] = answer.logprobs(output.logprobs)
                 if answer.token_ids:
                     item["token_ids"] = list(output.token_ids)
                 yield item

@@ -18,7 +18,7 @@ from openai.types.chat.chat_completion_token_logprob import TopLogprob
 
 from ...engines import GenerationDelta, GenerationResult, TokenLogprob
 from ...engines.parsers import OutputReader
-from ..common import clamp_logprob, new_id, usage
+from ..common import clamp_logprob, named_by_id, new_id, usage
 from ..completions import finish_reason, stop_reason
 from ..tools import ToolCalls
 
@@ -27,17 +27,18 @@ def _utf8(token: str) -> list[int]:
     return list(token.encode("utf-8", errors="replace"))
 
 
-def token_logprobs(tokens: Sequence[TokenLogprob], top: int) -> list[ChatCompletionTokenLogprob]:
+def token_logprobs(tokens: Sequence[TokenLogprob], top: int, by_id: bool = False) -> list[ChatCompletionTokenLogprob]:
     """Chat's ``logprobs.content``: each token with its log probability and the first ``top`` alternatives the
-    engine returned (vLLM's order)."""
+    engine returned (vLLM's order); ``by_id``: named ``token_id:<id>``, a token's ``bytes`` still its text's, as
+    vLLM's server gives them."""
     return [
         ChatCompletionTokenLogprob(
-            token=t.token,
+            token=named.token,
             bytes=_utf8(t.token),
             logprob=clamp_logprob(t.logprob),
-            top_logprobs=[TopLogprob(token=k, bytes=_utf8(k), logprob=clamp_logprob(v)) for k, v in t.top[:top]],
+            top_logprobs=[TopLogprob(token=k, bytes=_utf8(k), logprob=clamp_logprob(v)) for k, v in named.top[:top]],
         )
-        for t in tokens
+        for t, named in zip(tokens, named_by_id(tokens, by_id))
     ]
 
 
@@ -64,8 +65,9 @@ class ChatFormat:
     token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not); ``calls``: how its outputs are
     read for tool calls; ``reader``: for thoughts (``include_reasoning: false`` drops them, and the log
     probabilities that would show them, as vLLM does) and the model's own calls as they stream, where the engine
-    has the parsers. Streamed, content is held back where the request gave tools and the reader does not stream
-    calls (a forced call): it is read whole at the end."""
+    has the parsers; ``by_id``: tokens named by their ids in the log probabilities (vLLM's
+    ``return_tokens_as_token_ids``). Streamed, content is held back where the request gave tools and the reader
+    does not stream calls (a forced call): it is read whole at the end."""
 
     def __init__(
         self,
@@ -76,8 +78,9 @@ class ChatFormat:
         calls: ToolCalls | None = None,
         reader: Reader | None = None,
         include_reasoning: bool = True,
+        by_id: bool = False,
     ) -> None:
-        self.model, self.n = model, n
+        self.model, self.n, self.by_id = model, n, by_id
         self.top_logprobs = top_logprobs if include_reasoning or reader is None else None
         self.prompt_ids = None if prompt_ids is None else list(prompt_ids)
         self.calls, self.reader, self.include_reasoning = calls, reader, include_reasoning
@@ -114,7 +117,7 @@ class ChatFormat:
     def _logprobs(self, tokens: Sequence[TokenLogprob] | None, kind: type[Any]) -> Any:
         if self.top_logprobs is None or tokens is None:
             return None
-        return kind(content=token_logprobs(tokens, self.top_logprobs))
+        return kind(content=token_logprobs(tokens, self.top_logprobs, self.by_id))
 
     def _token_ids(self, output: GenerationResult | GenerationDelta | None) -> dict[str, list[int]]:
         """A choice's generated token ids (a chunk's new ones) where the request asked for token ids."""
