@@ -93,6 +93,46 @@ def test_return_tokens_as_token_ids_names_each_token_and_alternative_by_its_id_i
     assert plain["tokens"] == [" is", "\ufffd"]
 
 
+RANKED = (  # a prompt's, as the engine gives them with prompt_logprobs 1: the token first, then the most likely
+    TokenLogprob("The", None, (), 504),
+    TokenLogprob(" sky", -3.5, ((" sky", -3.5), (" cat", -1.0)), 6149, (6149, 2368), (7, 1)),
+    TokenLogprob(" is", float("-inf"), ((" is", float("-inf")),), 314, (314,), (1,)),
+)
+
+
+def test_prompt_logprobs_come_in_vllms_field_keyed_by_id_with_rank_and_decoded_token():
+    """vLLM's ``prompt_logprobs``: per prompt token (None for the first) a dict by token id; on each completions
+    choice, and at the top of a chat completion."""
+    answer = result(prompt_logprobs=RANKED)
+    expected = [
+        None,
+        {
+            "6149": {"logprob": -3.5, "rank": 7, "decoded_token": " sky"},
+            "2368": {"logprob": -1.0, "rank": 1, "decoded_token": " cat"},
+        },
+        {"314": {"logprob": LOGPROB_FLOOR, "rank": 1, "decoded_token": " is"}},
+    ]
+    choice = dumped(CompletionFormat("m", prompt_logprobs=True).response([answer]))["choices"][0]
+    assert choice["prompt_logprobs"] == expected and "logprobs" not in choice
+    assert dumped(ChatFormat("m", prompt_logprobs=True).response([answer]))["prompt_logprobs"] == expected
+    assert (
+        "prompt_logprobs"
+        not in dumped(CompletionFormat("m", echo=["The sky is"], logprobs=0).response([answer]))["choices"][0]
+    )
+
+
+def test_prompt_logprobs_other_than_0_are_refused_in_a_stream_as_vllm_refuses_them():
+    from serve_app.openai.chat import ChatCompletionRequest
+    from serve_app.openai.completions import CompletionRequest
+
+    for asked, refused in ((1, True), (-1, True), (0, False)):
+        streamed = CompletionRequest(prompt="x", stream=True, prompt_logprobs=asked)
+        assert ("prompt_logprobs" in dict(streamed.refusals())) is refused, asked
+        chat = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], stream=True, prompt_logprobs=asked)
+        assert ("prompt_logprobs" in dict(chat.refusals())) is refused, asked
+    assert not CompletionRequest(prompt="x", prompt_logprobs=5).refusals()
+
+
 def test_completions_echo_puts_the_prompts_tokens_first_with_none_for_the_first():
     fmt = CompletionFormat("m", echo=["The sky"], logprobs=0)
     choice = dumped(fmt.response([result(prompt_logprobs=PROMPT)]))["choices"][0]
@@ -127,6 +167,7 @@ def test_results_to_dict_carries_logprobs_only_where_asked_for():
         "top": ((" is", -0.25), (" was", -1.5), (" looks", -2.5)),
         "token_id": None,  # the made-up values have no ids; the engine's do (tests/test_real_app.py)
         "top_ids": (),
+        "top_ranks": (),
     }
 
 

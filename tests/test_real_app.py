@@ -137,7 +137,7 @@ def test_return_token_ids_gives_the_ids_the_engine_ran_whole_and_streamed(real_a
 def test_return_tokens_as_token_ids_names_each_logprob_by_the_id_the_engine_ran(real_app):
     """vLLM's ``return_tokens_as_token_ids`` on the real engine: each log probability's token is ``token_id:<id>``
     of the id ``return_token_ids`` lists at its place, and its alternatives are named by ids too; on completions
-    with ``echo`` (the prompt's ids first), chat, and the chat handle."""
+    with ``echo`` (the prompt's ids first), chat, and the chat handle (with its prompt's, ``prompt_logprobs``)."""
     url = real_app.url
     named = {"logprobs": 2, "return_tokens_as_token_ids": True, "return_token_ids": True, "temperature": 0}
     body = {"prompt": "The capital of France is", "max_tokens": 4, "echo": True, **named}
@@ -153,6 +153,32 @@ def test_return_tokens_as_token_ids_names_each_logprob_by_the_id_the_engine_ran(
     handle = real_app.call("tests.test_real_app:chat_by_id", FRANCE)
     assert [t["token"] for t in handle["logprobs"]] == [f"token_id:{i}" for i in handle["token_ids"]]
     assert [t["token_id"] for t in handle["logprobs"]] == handle["token_ids"]
+    assert [t["token_id"] for t in handle["prompt_logprobs"]] == handle["prompt_token_ids"]  # prompt_logprobs=1
+
+
+def test_prompt_logprobs_rank_each_prompt_token_the_engine_read(real_app):
+    """vLLM's ``prompt_logprobs`` on the real engine: one entry per prompt token (None for the first), each holding
+    that token's id with its rank and at most ``prompt_logprobs`` more; on completions and chat; refused (400) in
+    a stream and for the whole vocabulary (-1), over vLLM's limit."""
+    url = real_app.url
+    asked = {"prompt_logprobs": 2, "return_token_ids": True, "max_tokens": 1, "temperature": 0}
+    (choice,) = httpx.post(
+        f"{url}/v1/completions", json={"prompt": "The capital of France is", **asked}, timeout=120
+    ).json()["choices"]
+    chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": FRANCE, **asked}, timeout=120).json()
+    for ids, positions in (
+        (choice["prompt_token_ids"], choice["prompt_logprobs"]),
+        (chat["prompt_token_ids"], chat["prompt_logprobs"]),
+    ):
+        assert len(positions) == len(ids) and positions[0] is None
+        for token, position in zip(ids[1:], positions[1:]):
+            assert str(token) in position and 1 <= len(position) <= 3
+            assert position[str(token)]["rank"] >= 1 and position[str(token)]["logprob"] <= 0
+            assert all(p["rank"] in (1, 2) for key, p in position.items() if key != str(token))  # the top 2
+    streamed = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", "stream": True, **asked}, timeout=120)
+    assert streamed.status_code == 400 and "prompt_logprobs" in streamed.text
+    vocabulary = httpx.post(f"{url}/v1/completions", json={"prompt": "Hi", **asked, "prompt_logprobs": -1}, timeout=120)
+    assert vocabulary.status_code == 400 and "prompt_logprobs" in vocabulary.text  # over vLLM's max_logprobs
 
 
 def chat_by_id(messages: list) -> dict:
@@ -161,8 +187,8 @@ def chat_by_id(messages: list) -> dict:
     from ray import serve
 
     ray.init(address="auto", namespace="serve", logging_level="ERROR")
-    fields = {"logprobs": True, "return_tokens_as_token_ids": True, "return_token_ids": True, "temperature": 0}
-    return serve.get_app_handle("llm").chat.remote(messages, max_tokens=4, **fields).result()
+    fields = {"logprobs": True, "return_tokens_as_token_ids": True, "return_token_ids": True, "prompt_logprobs": 1}
+    return serve.get_app_handle("llm").chat.remote(messages, max_tokens=4, temperature=0, **fields).result()
 
 
 def test_engine_and_replicas_keep_serve_runs_niceness(real_app):

@@ -38,6 +38,7 @@ _NOT_SAMPLING = {
     "seed",
     "logit_bias",
     "logprobs",
+    "prompt_logprobs",
     "structured_outputs",
 }
 INTERACTIVE = Origin()

@@ -152,8 +152,9 @@ class Engine(abc.ABC):
     def check_sampling(self, sampling: SamplingOptions) -> None:
         """Raise :class:`RequestError` naming the field for sampling this engine cannot honour, before the request
         is queued (an engine that refused it only once admitted would answer a client's mistake as a failure)."""
-        if sampling.logprobs is not None and not self.returns_logprobs:
-            raise RequestError(f"logprobs: the {self.name} engine does not return log probabilities", param="logprobs")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(sampling, name) is not None and not self.returns_logprobs:
+                raise RequestError(f"{name}: the {self.name} engine does not return log probabilities", param=name)
         if sampling.structured_outputs is not None and not self.structures_outputs:
             why = f"structured_outputs: the {self.name} engine does not constrain outputs (structured output)"
             raise RequestError(why, param="structured_outputs")

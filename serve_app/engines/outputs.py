@@ -15,13 +15,15 @@ class TokenLogprob:
     """One token's log probability as the engine computed it: the token's text, its ``logprob`` (None where the
     engine computes none: a prompt's first token), and the alternatives it returned at that position as ``(text,
     logprob)`` pairs in its own order (vLLM's: the token itself, then the most likely, without repeats); the
-    token's id and the alternatives' ids (``top_ids``, in ``top``'s order) where the engine gives them."""
+    token's id, and the alternatives' ids and ranks in the vocabulary (``top_ids``, ``top_ranks``, in ``top``'s
+    order) where the engine gives them."""
 
     token: str
     logprob: float | None
     top: tuple[tuple[str, float], ...] = ()
     token_id: int | None = None
     top_ids: tuple[int, ...] = ()
+    top_ranks: tuple[int | None, ...] = ()
 
 
 Logprobs = tuple[TokenLogprob, ...]

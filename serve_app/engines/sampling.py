@@ -74,5 +74,6 @@ def vllm_logprobs(llm: Any, token_ids: Sequence[int], positions: Sequence[Any] |
             text = llm.get_tokenizer().decode([token_id])
         top = tuple((lp.decoded_token or "", lp.logprob) for lp in position.values()) if position else ()
         ids = tuple(position) if position else ()
-        out.append(TokenLogprob(text, chosen.logprob if chosen is not None else None, top, token_id, ids))
+        ranks = tuple(lp.rank for lp in position.values()) if position else ()
+        out.append(TokenLogprob(text, chosen.logprob if chosen is not None else None, top, token_id, ids, ranks))
     return tuple(out)

@@ -185,6 +185,12 @@ class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
     return_tokens_as_token_ids: bool | None = Field(
         None, description="vLLM's: each log probability's token, and its alternatives, named `token_id:<id>`"
     )
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=-1,
+        description="vLLM's: each prompt token's log probability, with this many alternatives (-1: the whole "
+        "vocabulary, within the engine's max_logprobs); not in a stream",
+    )
 
     def refusals(self) -> list[Refusal]:
         out = super().refusals() + self.extension_refusals()
@@ -198,6 +204,8 @@ class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
             out.append(("length_penalty", "length_penalty applies to beam search, which is not supported"))
         if self.stream_options is not None and not self.stream:
             out.append(("stream_options", "only allowed with stream=true"))
+        if self.stream and self.prompt_logprobs is not None and self.prompt_logprobs != 0:
+            out.append(("prompt_logprobs", "prompt_logprobs are not available when stream=true"))
         if self.stream_options is not None and self.stream_options.continuous_usage_stats:
             out.append(("stream_options", "continuous_usage_stats is not supported"))
         return out
@@ -239,6 +247,20 @@ def named_by_id(tokens: Sequence[TokenLogprob], by_id: bool = True) -> Sequence[
             t, token=f"token_id:{t.token_id}", top=tuple((f"token_id:{i}", lp) for i, (_, lp) in zip(t.top_ids, t.top))
         )
         for t in tokens
+    ]
+
+
+def vllm_prompt_logprobs(tokens: Sequence[TokenLogprob] | None) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs`` field: for each prompt token (None for the first: nothing precedes it) the token
+    and its alternatives by id, each with its ``logprob``, ``rank`` in the vocabulary and ``decoded_token``."""
+    return [
+        None
+        if t.logprob is None
+        else {
+            str(i): {"logprob": clamp_logprob(logprob), "rank": rank, "decoded_token": text}
+            for i, (text, logprob), rank in zip(t.top_ids, t.top, t.top_ranks)
+        }
+        for t in tokens or ()
     ]
 
 

@@ -12,7 +12,7 @@ from openai.types.completion_choice import Logprobs
 from pydantic import Field
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
-from .common import OpenAIRequest, clamp_logprob, named_by_id, new_id, usage
+from .common import OpenAIRequest, clamp_logprob, named_by_id, new_id, usage, vllm_prompt_logprobs
 from .fields import GENERATION_EXTENSIONS
 from .types import Refusal, Text, TokenId
 
@@ -50,8 +50,10 @@ class CompletionRequest(OpenAIRequest):
         return bool(self.echo) and self.max_tokens == 0
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
-        """``logprobs`` alternatives per token: the generated ones, and with ``echo`` the prompt's too (vLLM's)."""
-        return self.logprobs, (self.logprobs if self.echo else None)
+        """``logprobs`` alternatives per token: the generated ones, and the prompt's: ``prompt_logprobs``, else with
+        ``echo`` ``logprobs`` (vLLM's)."""
+        prompt = self.prompt_logprobs if self.prompt_logprobs is not None else self.logprobs if self.echo else None
+        return self.logprobs, prompt
 
     def prompts(self) -> list[str] | list[list[int]]:
         """The prompts as a list: texts, or token-id lists."""
@@ -93,7 +95,8 @@ class CompletionFormat:
     """``/v1/completions`` bodies for one request: ``n`` choices per prompt, each echoing its prompt if asked;
     ``logprobs``: alternatives per token where the request asked for log probabilities (None: it did not);
     ``prompt_ids``: each prompt's token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not);
-    ``by_id``: tokens named by their ids in the log probabilities (vLLM's ``return_tokens_as_token_ids``)."""
+    ``by_id``: tokens named by their ids in the log probabilities (vLLM's ``return_tokens_as_token_ids``);
+    ``prompt_logprobs``: each choice has its prompt's log probabilities in vLLM's ``prompt_logprobs`` field."""
 
     def __init__(
         self,
@@ -104,8 +107,10 @@ class CompletionFormat:
         echo_only: bool = False,
         prompt_ids: Sequence[Sequence[int]] | None = None,
         by_id: bool = False,
+        prompt_logprobs: bool = False,
     ) -> None:
         self.model, self.n, self.echo, self.logprobs, self.by_id = model, n, list(echo), logprobs, by_id
+        self.prompt_logprobs = prompt_logprobs
         self.echo_only = echo_only  # the prompt alone: what was generated is left out (CompletionRequest.echo_only)
         self.prompt_ids = prompt_ids
         self.id, self.created = new_id("cmpl"), int(time.time())
@@ -169,6 +174,7 @@ class CompletionFormat:
                 logprobs=self._choice_logprobs(i, r, first=True),
                 **self._token_ids(i, r, first=True),
                 **stop_reason(r),
+                **({"prompt_logprobs": vllm_prompt_logprobs(r.prompt_logprobs)} if self.prompt_logprobs else {}),
             )
             for i, r in enumerate(results)
         ]

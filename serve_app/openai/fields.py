@@ -23,7 +23,6 @@ GENERATION_EXTENSIONS: Mapping[str, Any] = {
     "kv_transfer_params": None,
     "logprob_token_ids": None,
     "mm_payload": "tensors",
-    "prompt_logprobs": None,
     "repetition_detection": None,
     "return_mm_kwargs": None,
     "return_token_offsets": False,

@@ -167,7 +167,7 @@ class ChatCompletionRequest(TemplateFields, OpenAIRequest):
         return out
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
-        return ((self.top_logprobs or 0) if self.logprobs else None), None
+        return ((self.top_logprobs or 0) if self.logprobs else None), self.prompt_logprobs
 
     def conversation(self) -> list[dict[str, Any]]:
         """The messages as the chat template takes them (:meth:`ChatMessage.template_input`)."""
