@@ -94,6 +94,35 @@ async def test_chat_content_parts_and_n_choices(client):
     assert answer.usage.completion_tokens == 12 and answer.usage.prompt_tokens == plain.usage.prompt_tokens
 
 
+async def test_continuous_usage_stats_put_each_choices_usage_so_far_on_each_chunk(app):
+    """vLLM's ``continuous_usage_stats`` (with ``include_usage``): every chunk carries its choice's usage so far, the
+    counts growing to the final usage chunk's; without ``include_usage`` no chunk does, as on vLLM's server."""
+    url, _ = app
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    bodies = {
+        "/v1/completions": {"model": MODEL, "prompt": "a b c", "n": 2},
+        "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "a b c"}]},
+    }
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        for path, body in bodies.items():
+            streamed = {**body, "max_tokens": 6, "ignore_eos": True, "stream": True, "stream_options": options}
+            response = await http.post(path, json=streamed)
+            assert response.status_code == 200, response.text
+            *chunks, last = [json.loads(e) for e in sse_events(response.text)[:-1]]
+            prompt = last["usage"]["prompt_tokens"]  # one prompt, counted once for its n choices
+            seen: dict[int, list[int]] = {}
+            for chunk in chunks:
+                used = chunk["usage"]
+                assert used["prompt_tokens"] == prompt and used["total_tokens"] == prompt + used["completion_tokens"]
+                seen.setdefault(chunk["choices"][0]["index"], []).append(used["completion_tokens"])
+            assert sorted(seen) == list(range(body.get("n", 1)))
+            assert all(counts == sorted(counts) and counts[-1] == 6 for counts in seen.values()), seen
+            assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6 * body.get("n", 1)
+            options_only = {**streamed, "stream_options": {"continuous_usage_stats": True}}
+            plain = [json.loads(e) for e in sse_events((await http.post(path, json=options_only)).text)[:-1]]
+            assert plain and all("usage" not in c for c in plain)
+
+
 async def test_what_vllm_bench_serve_sends_is_answered_as_a_stream(app):
     """The exact bodies of vLLM's benchmark client (``vllm bench serve``), which used to get 422s."""
     url, _ = app

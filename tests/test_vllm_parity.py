@@ -253,6 +253,28 @@ def test_prompt_logprobs_are_those_vllms_own_server_gives(real_app, vllm_url, ro
     assert abs(total[0] - total[1]) <= 0.05 * abs(total[1]), total
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_stats_stamp_chunks_as_vllms_own_server_stamps_them(real_app, vllm_url, route):
+    """``continuous_usage_stats``: every chunk with a choice carries the usage so far (a chat's role chunk none of
+    the completion), on the same prompt count, ending at the same count as vLLM's server's chunks."""
+    prompt = {"prompt": "The capital of France is"} if route == "/v1/completions" else {"messages": ASK}
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {**prompt, "max_tokens": 8, "ignore_eos": True, "stream": True, "stream_options": options}
+    seen = []
+    for url in (real_app.url, vllm_url):
+        text = httpx.post(f"{url}{route}", json={"model": MODEL, **body}, timeout=300).text
+        chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        *with_choices, last = chunks
+        assert last["choices"] == [] and all(c["choices"] and c["usage"] for c in with_choices), text
+        counts = [c["usage"]["completion_tokens"] for c in with_choices]
+        roles = [c["usage"]["completion_tokens"] for c in with_choices if c["choices"][0].get("delta", {}).get("role")]
+        seen.append(
+            (last["usage"]["prompt_tokens"], {c["usage"]["prompt_tokens"] for c in with_choices}, counts[-1], roles)
+        )
+        assert counts == sorted(counts)
+    assert seen[0] == seen[1]
+
+
 def test_max_tokens_past_the_context_is_cut_to_its_room_as_vllms_own_server_cuts_it(real_app, vllm_url):
     body = {"prompt": "word " * 1900, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
     app, vllm = (post(url, "/v1/completions", body).json() for url in (real_app.url, vllm_url))

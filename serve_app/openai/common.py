@@ -206,8 +206,6 @@ class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
             out.append(("stream_options", "only allowed with stream=true"))
         if self.stream and self.prompt_logprobs is not None and self.prompt_logprobs != 0:
             out.append(("prompt_logprobs", "prompt_logprobs are not available when stream=true"))
-        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
-            out.append(("stream_options", "continuous_usage_stats is not supported"))
         return out
 
     def output_constraint(self) -> StructuredOutputs | None:
@@ -223,6 +221,12 @@ class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
     def include_usage(self) -> bool:
         """Whether a stream ends with a usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether each chunk of a stream carries its choice's usage so far (vLLM's ``continuous_usage_stats``,
+        which takes ``include_usage`` too)."""
+        return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 def sse(payload: Any, event: str | None = None) -> str:
@@ -271,6 +275,17 @@ def clamp_logprob(logprob: float | None) -> float:
 
 def new_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex}"
+
+
+def stamp_usage(chunks: Sequence[Any], prompt_tokens: int, completion_tokens: int) -> None:
+    """vLLM's ``continuous_usage_stats``: each of one choice's ``chunks`` carries that choice's usage so far (a chat's
+    role chunk with none of its completion yet, as vLLM's server sends it)."""
+    for chunk in chunks:
+        delta = getattr(chunk.choices[0], "delta", None) if chunk.choices else None
+        done = 0 if delta is not None and delta.role and not delta.content else completion_tokens
+        chunk.usage = CompletionUsage(
+            prompt_tokens=prompt_tokens, completion_tokens=done, total_tokens=prompt_tokens + done
+        )
 
 
 def usage(results: Sequence[GenerationResult], n: int = 1, reasoning: int | None = None) -> CompletionUsage:

@@ -22,7 +22,7 @@ from ..core.generator import succeeded
 from ..engines import GenerationRequest, GenerationResult
 from ..errors import RequestError
 from ..openai.chat import ChatCompletionRequest, ChatFormat, Reader
-from ..openai.common import KeyTenant, OpenAIRequest, sse
+from ..openai.common import KeyTenant, OpenAIRequest, sse, stamp_usage
 from ..openai.completions import CompletionFormat, CompletionRequest
 from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
 from ..openai.responses import ResponsesFormat, ResponsesRequest, answer_turn, responses_error
@@ -220,6 +220,8 @@ class LLMServer(HandleMethods, Replica):
                         await finish(results)
                 else:
                     chunks = fmt.chunks(index, output)
+                if chunks and body.continuous_usage:
+                    stamp_usage(chunks, len(requests[index].prompt_token_ids), output.output_tokens)
                 if chunks:  # one write for what one output makes (a socket write is most of a chunk's cost)
                     yield "".join(sse(chunk, getattr(chunk, "type", None)) for chunk in chunks)  # Responses' are named
 
