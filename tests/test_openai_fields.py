@@ -111,3 +111,21 @@ def test_usage_reports_the_prompt_tokens_the_prefix_cache_held_where_the_engine_
     assert usage([result(32), result(32), result(16), result(16)], n=2).prompt_tokens_details.cached_tokens == 48
     assert usage([result(None)]).prompt_tokens_details is None
     assert "cached_tokens" not in result(32).to_dict()  # /generate's details are as before
+
+
+def test_vllms_detokenizing_fields_reach_the_engines_sampling_params():
+    """``skip_special_tokens`` and ``spaces_between_special_tokens`` (vLLM's), from a body to vLLM's
+    ``SamplingParams`` (for the bundled model's tokenizer the spaces change nothing: vLLM's detokenizer of a fast
+    tokenizer adds none between its special tokens either way)."""
+    pytest.importorskip("vllm")
+    from dataclasses import fields as dataclass_fields
+
+    from serve_app.engines import SamplingOptions
+    from serve_app.engines.sampling import sampling_params
+
+    body = CompletionRequest(prompt="x", skip_special_tokens=False, spaces_between_special_tokens=False)
+    given = body.model_dump(include={"skip_special_tokens", "spaces_between_special_tokens"})
+    assert {f.name for f in dataclass_fields(SamplingOptions)} >= given.keys()
+    params = sampling_params(SamplingOptions(max_tokens=4, **given))
+    assert params.skip_special_tokens is False and params.spaces_between_special_tokens is False
+    assert sampling_params(SamplingOptions(max_tokens=4)).spaces_between_special_tokens is True

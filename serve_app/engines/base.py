@@ -67,6 +67,7 @@ class SamplingOptions:
     logit_bias: tuple[tuple[int, float], ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
     """Log probabilities of each generated token and of this many alternatives (0: the token's own); None: none."""

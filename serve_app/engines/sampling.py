@@ -52,6 +52,7 @@ def sampling_params(s: SamplingOptions) -> Any:
         allowed_token_ids=list(s.allowed_token_ids) if s.allowed_token_ids is not None else None,
         bad_words=list(s.bad_words) or None,
         skip_special_tokens=s.skip_special_tokens,
+        spaces_between_special_tokens=s.spaces_between_special_tokens,
         include_stop_str_in_output=s.include_stop_str_in_output,
         seed=s.seed,
         logprobs=s.logprobs,

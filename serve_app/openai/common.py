@@ -46,6 +46,9 @@ class SamplingFields(BaseModel):
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = Field(None, max_length=64)
     skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = Field(
+        None, description="put a space between special tokens in the text (where they are not skipped)"
+    )
     include_stop_str_in_output: bool | None = None
     structured_outputs: StructuredOutputsFields | None = None
     allowed_token_ids: list[TokenId] | None = Field(None, description="the only tokens the model may generate")
