@@ -10,6 +10,7 @@ are parsed (by Content-Length, or counted when chunked), and malformed framing g
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -154,7 +155,7 @@ async def test_unit_the_key_is_checked_before_the_app_runs():
     assert status == 401 and app.calls == 0
     assert (await call(gate, headers=[bearer()], chunks=[b"abc"]))[:3:2] == (200, b"3")
     assert (await call(gate, headers=[(b"authorization", f"bearer  {KEY}".encode())]))[0] == 200  # scheme: any case
-    for path in ("/health", "/healthz"):
+    for path in ("/health", "/healthz", "/ping", "/version"):
         assert (await call(gate, path=path, method="GET"))[0] == 200
         assert (await call(gate, path=path, method="GET", root_path="/llm"))[0] == 200  # under a route prefix
     for path in ("/health/", "//health", "/healthzz", "/llm/health"):  # only the exact paths are open
@@ -378,8 +379,10 @@ async def test_every_route_but_health_needs_the_key(keyed_app):
                 assert response.headers["www-authenticate"] == "Bearer"
                 if method != "HEAD":
                     assert envelope(response.content, 401)["type"] == "AuthenticationError"
-        for path in ("/health", "/healthz"):
-            assert (await http.get(path)).status_code == 200
+        for path in ("/health", "/healthz", "/ping", "/version"):  # probes, and vLLM's open /version
+            assert (await http.get(path)).status_code == 200, path
+        assert (await http.post("/ping")).status_code == 200  # SageMaker's probe is a POST
+        assert (await http.get("/version")).json()["version"] == importlib.import_module("vllm").__version__
         good = {"Authorization": f"Bearer {KEY}"}
         for path in ("/v1/models", "/stats", "/openapi.json", "/docs"):
             assert (await http.get(path, headers=good)).status_code == 200, path

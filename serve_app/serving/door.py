@@ -50,8 +50,9 @@ from ..errors import RETRY_AFTER_S, error_body
 
 logger = logging.getLogger("serve_app")
 
-PUBLIC_PATHS = ("/health", "/healthz")
-"""Paths open without a key: health probes (load balancers, Kubernetes) do not hold one."""
+PUBLIC_PATHS = ("/health", "/healthz", "/ping", "/version")
+"""Paths open without a key: health probes (load balancers, Kubernetes, SageMaker's `/ping`) do not hold one, and
+vLLM's server leaves its `/version` open too."""
 
 _STATE_KEY = "door_key"
 _MAX_LENGTH_DIGITS = 18  # a longer Content-Length is over any limit (and int() of a huge string is costly)

