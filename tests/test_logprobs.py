@@ -102,7 +102,7 @@ RANKED = (  # a prompt's, as the engine gives them with prompt_logprobs 1: the t
 
 def test_prompt_logprobs_come_in_vllms_field_keyed_by_id_with_rank_and_decoded_token():
     """vLLM's ``prompt_logprobs``: per prompt token (None for the first) a dict by token id; on each completions
-    choice, and at the top of a chat completion."""
+    choice, and at the top of a chat completion, wherever the result has them (none asked: no field)."""
     answer = result(prompt_logprobs=RANKED)
     expected = [
         None,
@@ -112,13 +112,12 @@ def test_prompt_logprobs_come_in_vllms_field_keyed_by_id_with_rank_and_decoded_t
         },
         {"314": {"logprob": LOGPROB_FLOOR, "rank": 1, "decoded_token": " is"}},
     ]
-    choice = dumped(CompletionFormat("m", prompt_logprobs=True).response([answer]))["choices"][0]
+    choice = dumped(CompletionFormat("m").response([answer]))["choices"][0]
     assert choice["prompt_logprobs"] == expected and "logprobs" not in choice
-    assert dumped(ChatFormat("m", prompt_logprobs=True).response([answer]))["prompt_logprobs"] == expected
-    assert (
-        "prompt_logprobs"
-        not in dumped(CompletionFormat("m", echo=["The sky is"], logprobs=0).response([answer]))["choices"][0]
-    )
+    assert dumped(ChatFormat("m").response([answer]))["prompt_logprobs"] == expected
+    echoed = dumped(CompletionFormat("m", echo=["The sky is"], logprobs=0).response([answer]))["choices"][0]
+    assert echoed["prompt_logprobs"] == expected  # echo with logprobs computes them: vLLM's server sends them too
+    assert "prompt_logprobs" not in dumped(CompletionFormat("m").response([result()]))["choices"][0]
 
 
 def test_prompt_logprobs_other_than_0_are_refused_in_a_stream_as_vllm_refuses_them():

@@ -95,8 +95,9 @@ class CompletionFormat:
     """``/v1/completions`` bodies for one request: ``n`` choices per prompt, each echoing its prompt if asked;
     ``logprobs``: alternatives per token where the request asked for log probabilities (None: it did not);
     ``prompt_ids``: each prompt's token ids where it asked for token ids (vLLM's ``return_token_ids``; None: not);
-    ``by_id``: tokens named by their ids in the log probabilities (vLLM's ``return_tokens_as_token_ids``);
-    ``prompt_logprobs``: each choice has its prompt's log probabilities in vLLM's ``prompt_logprobs`` field."""
+    ``by_id``: tokens named by their ids in the log probabilities (vLLM's ``return_tokens_as_token_ids``). A
+    choice whose result has its prompt's log probabilities (``prompt_logprobs``, or ``echo`` with ``logprobs``)
+    has them in vLLM's ``prompt_logprobs`` field too, as vLLM's server gives them."""
 
     def __init__(
         self,
@@ -107,10 +108,8 @@ class CompletionFormat:
         echo_only: bool = False,
         prompt_ids: Sequence[Sequence[int]] | None = None,
         by_id: bool = False,
-        prompt_logprobs: bool = False,
     ) -> None:
         self.model, self.n, self.echo, self.logprobs, self.by_id = model, n, list(echo), logprobs, by_id
-        self.prompt_logprobs = prompt_logprobs
         self.echo_only = echo_only  # the prompt alone: what was generated is left out (CompletionRequest.echo_only)
         self.prompt_ids = prompt_ids
         self.id, self.created = new_id("cmpl"), int(time.time())
@@ -174,7 +173,7 @@ class CompletionFormat:
                 logprobs=self._choice_logprobs(i, r, first=True),
                 **self._token_ids(i, r, first=True),
                 **stop_reason(r),
-                **({"prompt_logprobs": vllm_prompt_logprobs(r.prompt_logprobs)} if self.prompt_logprobs else {}),
+                **({"prompt_logprobs": vllm_prompt_logprobs(r.prompt_logprobs)} if r.prompt_logprobs else {}),
             )
             for i, r in enumerate(results)
         ]

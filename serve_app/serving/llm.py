@@ -92,8 +92,8 @@ class LLMServer(HandleMethods, Replica):
         echo = [r.prompt_text for r in requests[:: body.n]] if body.echo else []
         ids = [r.prompt_token_ids for r in requests[:: body.n]] if body.return_token_ids else None
         model = requests[0].sampling.adapter or self.config.model_name
-        by_id, prompt = bool(body.return_tokens_as_token_ids), body.prompt_logprobs is not None
-        fmt = CompletionFormat(model, body.n, echo, body.logprob_counts()[0], body.echo_only, ids, by_id, prompt)
+        by_id = bool(body.return_tokens_as_token_ids)
+        fmt = CompletionFormat(model, body.n, echo, body.logprob_counts()[0], body.echo_only, ids, by_id)
         return await self._answer(body, requests, fmt)
 
     @api.post("/v1/chat/completions")
@@ -110,8 +110,8 @@ class LLMServer(HandleMethods, Replica):
         calls, reader = self._tool_calls(body), self._reader(body, requests[0])
         top = body.logprob_counts()[0]
         model = requests[0].sampling.adapter or self.config.model_name  # an adapter answers under its own name
-        by_id, prompt = bool(body.return_tokens_as_token_ids), body.prompt_logprobs is not None
-        return ChatFormat(model, body.n, top, ids, calls, reader, body.include_reasoning, by_id, prompt)
+        by_id = bool(body.return_tokens_as_token_ids)
+        return ChatFormat(model, body.n, top, ids, calls, reader, body.include_reasoning, by_id)
 
     @api.post("/v1/responses")
     async def http_responses(self, body: ResponsesRequest, key: KeyTenant) -> Response:

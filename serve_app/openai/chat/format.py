@@ -66,9 +66,9 @@ class ChatFormat:
     read for tool calls; ``reader``: for thoughts (``include_reasoning: false`` drops them, and the log
     probabilities that would show them, as vLLM does) and the model's own calls as they stream, where the engine
     has the parsers; ``by_id``: tokens named by their ids in the log probabilities (vLLM's
-    ``return_tokens_as_token_ids``); ``prompt_logprobs``: the conversation's log probabilities in vLLM's
-    ``prompt_logprobs`` field. Streamed, content is held back where the request gave tools and the reader
-    does not stream calls (a forced call): it is read whole at the end."""
+    ``return_tokens_as_token_ids``); the conversation's log probabilities, where its result has them
+    (``prompt_logprobs``), in vLLM's ``prompt_logprobs`` field. Streamed, content is held back where the request
+    gave tools and the reader does not stream calls (a forced call): it is read whole at the end."""
 
     def __init__(
         self,
@@ -80,9 +80,8 @@ class ChatFormat:
         reader: Reader | None = None,
         include_reasoning: bool = True,
         by_id: bool = False,
-        prompt_logprobs: bool = False,
     ) -> None:
-        self.model, self.n, self.by_id, self.prompt_logprobs = model, n, by_id, prompt_logprobs
+        self.model, self.n, self.by_id = model, n, by_id
         self.top_logprobs = top_logprobs if include_reasoning or reader is None else None
         self.prompt_ids = None if prompt_ids is None else list(prompt_ids)
         self.calls, self.reader, self.include_reasoning = calls, reader, include_reasoning
@@ -147,7 +146,11 @@ class ChatFormat:
             choices=choices,
             usage=self.token_usage(results),
             **self._prompt_ids(),
-            **({"prompt_logprobs": vllm_prompt_logprobs(results[0].prompt_logprobs)} if self.prompt_logprobs else {}),
+            **(
+                {"prompt_logprobs": vllm_prompt_logprobs(results[0].prompt_logprobs)}
+                if results[0].prompt_logprobs
+                else {}
+            ),
         )
 
     def _chunk(self, choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
