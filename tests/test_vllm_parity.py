@@ -230,9 +230,9 @@ def test_log_probabilities_named_by_id_are_named_as_vllms_own_server_names_them(
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
 def test_prompt_logprobs_are_those_vllms_own_server_gives(real_app, vllm_url, route):
     """``prompt_logprobs``: at every prompt position (None at the first) the prompt token by id with its decoded
-    text, and log probabilities within what two bfloat16 engines on different thread counts part by (up to 0.6 on
-    one token, measured: the app computes on both cores, vLLM's server as shipped on one); the most likely token the
-    same at most positions (near ties may swap)."""
+    text, and log probabilities within what the two servers' bfloat16 sums part by here (measured: up to 0.6 on one
+    token, the second position's equal to the last bit; where the last bits part is not pinned down); the most likely
+    token the same at most positions (near ties may swap)."""
     prompt = {"prompt": "The capital of France is"} if route == "/v1/completions" else {"messages": ASK}
     body = {**prompt, "prompt_logprobs": 3, "return_token_ids": True, "max_tokens": 1, "temperature": 0}
     app, vllm = (post(url, route, body).json() for url in (real_app.url, vllm_url))
