@@ -173,25 +173,33 @@ def test_driver_logs_progress_a_person_can_read(app, tmp_path, caplog):
 
 
 def test_a_job_that_asks_for_log_probabilities_gets_a_typed_logprobs_column():
-    """Rows carry ``logprobs`` (Arrow-typed, so batches with and without a failed row are one dataset) only where
-    the job's sampling asks for them; minus infinity stays as the engine computed it, a failed row has null."""
+    """Rows carry ``logprobs`` and ``prompt_logprobs`` (Arrow-typed, so batches with and without a failed row are one
+    dataset) only where the job's sampling asks for them, with each token's id; minus infinity stays as the engine
+    computed it, a prompt's first token has no log probability, a failed row has null."""
     import numpy as np
 
     from serve_app.core.rows import generation_error_row as error_row
     from serve_app.data.rows import GENERATE_COLUMNS, LOGPROBS_TYPE, generate_columns, rows_out
 
     assert generate_columns({"max_tokens": 8}) is GENERATE_COLUMNS and "logprobs" not in GENERATE_COLUMNS
-    columns = generate_columns({"max_tokens": 8, "logprobs": 1})
-    token = {"token": "Paris", "logprob": -0.25, "top": (("Paris", -0.25), ("Lyon", float("-inf")))}
+    assert "prompt_logprobs" not in generate_columns({"logprobs": 1})
+    columns = generate_columns({"max_tokens": 8, "logprobs": 1, "prompt_logprobs": 0})
+    token = {"token": "Paris", "logprob": -0.25, "top": (("Paris", -0.25), ("Lyon", float("-inf"))), "token_id": 7}
+    prompt = ({"token": "The", "logprob": None, "top": (), "token_id": 1}, {**token, "top": (), "token_id": 9})
     done = {"text": "Paris", "prompt_tokens": 3, "output_tokens": 1, "finish_reason": "stop", "error": None}
-    table = rows_out({"prompt": np.array(["a", "b"])}, [{**done, "logprobs": (token,)}, error_row("boom")], columns)
-    assert table.schema.field("logprobs").type == LOGPROBS_TYPE
+    rows = [{**done, "logprobs": (token,), "prompt_logprobs": prompt}, error_row("boom")]
+    table = rows_out({"prompt": np.array(["a", "b"])}, rows, columns)
+    assert table.schema.field("logprobs").type == table.schema.field("prompt_logprobs").type == LOGPROBS_TYPE
     first, failed = table.column("logprobs").to_pylist()
     assert first == [
         {
             "token": "Paris",
             "logprob": -0.25,
+            "token_id": 7,
             "top": [{"token": "Paris", "logprob": -0.25}, {"token": "Lyon", "logprob": float("-inf")}],
         }
     ]
+    assert failed is None
+    scored, failed = table.column("prompt_logprobs").to_pylist()
+    assert [(t["token"], t["logprob"], t["token_id"]) for t in scored] == [("The", None, 1), ("Paris", -0.25, 9)]
     assert failed is None

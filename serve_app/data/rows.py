@@ -20,16 +20,16 @@ GENERATE_COLUMNS: dict[str, Any] = {
 """What a generation job adds to each row."""
 
 _LOGPROB = [("token", pa.string()), ("logprob", pa.float64())]
-LOGPROBS_TYPE = pa.list_(pa.struct([*_LOGPROB, ("top", pa.list_(pa.struct(_LOGPROB)))]))
-"""A row's ``logprobs``: one ``{token, logprob, top}`` per generated token, ``top`` its alternatives'."""
+LOGPROBS_TYPE = pa.list_(pa.struct([*_LOGPROB, ("token_id", pa.int64()), ("top", pa.list_(pa.struct(_LOGPROB)))]))
+"""A row's ``logprobs``: one ``{token, logprob, token_id, top}`` per generated token, ``top`` its alternatives'
+``{token, logprob}``; its ``prompt_logprobs`` the same per prompt token (the first one's ``logprob`` null)."""
 
 
 def generate_columns(sampling: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What a generation job with this sampling adds to each row: :data:`GENERATE_COLUMNS`, and ``logprobs``
-    where the sampling asks for them (null in a failed row)."""
-    if (sampling or {}).get("logprobs") is None:
-        return GENERATE_COLUMNS
-    return {**GENERATE_COLUMNS, "logprobs": LOGPROBS_TYPE}
+    """What a generation job with this sampling adds to each row: :data:`GENERATE_COLUMNS`, and ``logprobs`` and
+    ``prompt_logprobs`` where the sampling asks for them (null in a failed row)."""
+    asked = [name for name in ("logprobs", "prompt_logprobs") if (sampling or {}).get(name) is not None]
+    return {**GENERATE_COLUMNS, **dict.fromkeys(asked, LOGPROBS_TYPE)} if asked else GENERATE_COLUMNS
 
 
 TOOL_CALLS_TYPE = pa.list_(

@@ -65,6 +65,12 @@ class SamplingFields(BaseModel):
     logprobs: int | None = Field(
         None, ge=0, le=20, description="log probability of each generated token, with this many alternatives"
     )
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=-1,
+        description="vLLM's: each prompt token's log probability, with this many alternatives (-1: the whole "
+        "vocabulary, within the engine's max_logprobs); not in an HTTP stream",
+    )
 
     @field_validator("stop")
     @classmethod
@@ -98,8 +104,8 @@ class SamplingFields(BaseModel):
 
     def logprob_counts(self) -> tuple[int | None, int | None]:
         """How many alternatives to return with each generated token's log probability, and with each prompt
-        token's (None: no log probabilities): ``logprobs`` for the generated tokens; the OpenAI endpoints say theirs."""
-        return self.logprobs, None
+        token's (None: no log probabilities): ``logprobs`` and ``prompt_logprobs``; the OpenAI endpoints say theirs."""
+        return self.logprobs, self.prompt_logprobs
 
     def output_constraint(self) -> StructuredOutputs | None:
         """What the output must match (``structured_outputs``); None: free text."""
@@ -187,12 +193,6 @@ class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
     )
     return_tokens_as_token_ids: bool | None = Field(
         None, description="vLLM's: each log probability's token, and its alternatives, named `token_id:<id>`"
-    )
-    prompt_logprobs: int | None = Field(
-        None,
-        ge=-1,
-        description="vLLM's: each prompt token's log probability, with this many alternatives (-1: the whole "
-        "vocabulary, within the engine's max_logprobs); not in a stream",
     )
 
     def refusals(self) -> list[Refusal]:

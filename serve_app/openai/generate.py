@@ -18,17 +18,27 @@ class GenerateRequest(SamplingFields, OriginFields):
     task_id: Text | None = Field(None, max_length=256)
 
 
+Logprob = Annotated[float, AfterValidator(clamp_logprob)]
+
+
 class GeneratedLogprob(BaseModel):
-    """A generated token's log probability (minus infinity sent as -9999.0) and its alternatives' as ``[text,
-    logprob]`` pairs, in vLLM's order (the token itself first)."""
+    """A generated token's log probability (minus infinity sent as -9999.0), its id, and its alternatives' as
+    ``[text, logprob]`` pairs, in vLLM's order (the token itself first)."""
 
     token: str
-    logprob: Annotated[float, AfterValidator(clamp_logprob)]
-    top: list[tuple[str, Annotated[float, AfterValidator(clamp_logprob)]]]
+    logprob: Logprob
+    top: list[tuple[str, Logprob]]
+    token_id: int | None = None
+
+
+class PromptLogprob(GeneratedLogprob):
+    """A prompt token's: the same, with no log probability for the first token (nothing precedes it)."""
+
+    logprob: Logprob | None  # type: ignore[assignment]
 
 
 class PromptResult(BaseModel):
-    """One prompt's outcome; ``logprobs`` where the request asked for them."""
+    """One prompt's outcome; ``logprobs`` and ``prompt_logprobs`` where the request asked for them."""
 
     text: str
     prompt_tokens: int
@@ -36,6 +46,7 @@ class PromptResult(BaseModel):
     finish_reason: str
     error: str | None = None
     logprobs: list[GeneratedLogprob] | None = None
+    prompt_logprobs: list[PromptLogprob] | None = None
 
 
 class GenerateResponse(BaseModel):
