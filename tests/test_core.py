@@ -169,6 +169,22 @@ async def test_a_paced_stream_sends_its_first_token_at_once_and_joins_what_comes
         await generator.stop()
 
 
+async def test_a_stream_interval_sends_that_many_tokens_a_delta_the_first_and_the_end_at_once():
+    """vLLM's ``stream_interval`` on the simulated engine: the deltas of 8 tokens 3 at a time end at tokens 1, 4, 7 and
+    8 (a reader that fell behind may get two of them joined, never a delta ending elsewhere)."""
+    generator = core(simulated={"step_s": 0.005})
+    await generator.start()
+    try:
+        (request,) = await prompts(generator, ["one two"], max_tokens=8, stream_interval=3)
+        outputs = [output async for _, output in generator.run([request])]
+        *deltas, result = outputs
+        counts = [delta.output_tokens for delta in deltas]
+        assert counts[0] == 1 and counts[-1] == 8 and set(counts) <= {1, 4, 7, 8}, counts
+        assert "".join(delta.text for delta in deltas) == result.text and len(result.token_ids) == 8
+    finally:
+        await generator.stop()
+
+
 async def test_a_reader_that_fell_behind_gets_the_waiting_deltas_as_one():
     generator = core(simulated={"step_s": 0.001})
     await generator.start()

@@ -134,6 +134,21 @@ def test_return_token_ids_gives_the_ids_the_engine_ran_whole_and_streamed(real_a
     assert len(answer["choices"][0]["token_ids"]) == answer["usage"]["completion_tokens"]
 
 
+def test_stream_interval_streams_that_many_tokens_a_chunk(real_app):
+    """vLLM's ``stream_interval`` on the real engine: 9 tokens 4 at a time come in chunks ending at tokens 1, 5, 9
+    (the first at once; a reader that fell behind may get two joined, never a chunk ending elsewhere), where
+    without it each token is a chunk."""
+    url, body = real_app.url, {"prompt": "Count: one, two,", "max_tokens": 9, "ignore_eos": True, "stream": True}
+    ends = {}
+    for interval in (None, 4):
+        asked = {**body, "return_token_ids": True, **({"stream_interval": interval} if interval else {})}
+        stream = httpx.post(f"{url}/v1/completions", json=asked, timeout=120).text
+        counts = [len(json.loads(e)["choices"][0].get("token_ids") or []) for e in sse_events(stream) if e != "[DONE]"]
+        ends[interval] = [sum(counts[: i + 1]) for i in range(len(counts)) if counts[i]]
+    assert ends[4][0] == 1 and ends[4][-1] == 9 and set(ends[4]) <= {1, 5, 9}, ends
+    assert len(ends[None]) > 3, ends  # unpaced: more chunks than the interval's three
+
+
 def test_return_tokens_as_token_ids_names_each_logprob_by_the_id_the_engine_ran(real_app):
     """vLLM's ``return_tokens_as_token_ids`` on the real engine: each log probability's token is ``token_id:<id>``
     of the id ``return_token_ids`` lists at its place, and its alternatives are named by ids too; on completions

@@ -88,6 +88,9 @@ class SamplingOptions:
     cache_salt: str | None = None
     """Mixed into the keys of its prompt's cached blocks (vLLM's extension): it reuses, and its blocks serve, only
     requests of the same salt, so one tenant's prompts cannot be read from another's timing."""
+    stream_interval: int | None = None
+    """Its outputs come this many tokens at a time, the first token and the end at once (vLLM's extension); None:
+    each token as it comes."""
 
 
 @dataclass

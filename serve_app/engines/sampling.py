@@ -59,6 +59,7 @@ def sampling_params(s: SamplingOptions) -> Any:
         prompt_logprobs=s.prompt_logprobs,
         structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
+        stream_interval=s.stream_interval,
     )
 
 

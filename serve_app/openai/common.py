@@ -62,6 +62,9 @@ class SamplingFields(BaseModel):
     cache_salt: Text | None = Field(
         None, min_length=1, description="prompts share prefix-cache blocks only with prompts of the same salt"
     )
+    stream_interval: int | None = Field(
+        None, ge=1, description="a stream's chunks carry this many tokens (its first token and its end go at once)"
+    )
     logprobs: int | None = Field(
         None, ge=0, le=20, description="log probability of each generated token, with this many alternatives"
     )

@@ -28,7 +28,6 @@ GENERATION_EXTENSIONS: Mapping[str, Any] = {
     "return_token_offsets": False,
     "routed_experts_prompt_start": 0,
     "session_id": None,
-    "stream_interval": None,
     "thinking_token_budget": None,
     "vllm_xargs": None,
     "watermarking": None,

@@ -192,12 +192,13 @@ class SimulatedEngine(Engine):
             self._finish(sequence, "abort")
             return
         sequence.produced += 1
-        index = sequence.produced - 1
-        delta = GenerationDelta(
-            request.request_id, sequence.token_text(index), sequence.produced, token_ids=(sequence.token_id(index),)
-        )
-        sequence.outputs.put_nowait(delta)
-        if sequence.produced >= sequence.limit:
+        done = sequence.produced >= sequence.limit
+        if done or sequence.sent == 0 or sequence.produced - sequence.sent >= (request.sampling.stream_interval or 1):
+            new = range(sequence.sent, sequence.produced)  # as vLLM streams: the first token and the end at once
+            text, ids = "".join(sequence.token_text(i) for i in new), tuple(sequence.token_id(i) for i in new)
+            sequence.outputs.put_nowait(GenerationDelta(request.request_id, text, sequence.produced, token_ids=ids))
+            sequence.sent = sequence.produced
+        if done:
             bad = self.settings.raise_marker
             if bad and bad in request.prompt_text:
                 sequence.finished = True

@@ -14,13 +14,14 @@ PREFIX = "[simulated] "
 class SimulatedSequence:
     """One request inside the simulated engine."""
 
-    __slots__ = ("aborted", "finished", "outputs", "prefilled", "produced", "request", "script", "words")
+    __slots__ = ("aborted", "finished", "outputs", "prefilled", "produced", "request", "script", "sent", "words")
 
     def __init__(self, request: GenerationRequest, script: list[tuple[str, int]] | None = None) -> None:
         self.request = request
         self.words = request.prompt_text.split() or ["..."]
         self.script = script
         self.produced = 0
+        self.sent = 0  # tokens passed on in deltas so far
         self.prefilled = False
         self.finished = False
         self.aborted = False
