@@ -9,8 +9,8 @@ import json
 
 from serve_app.engines import GenerationDelta, GenerationResult, TokenLogprob
 from serve_app.openai.chat import ChatFormat
-from serve_app.openai.common import LOGPROB_FLOOR
 from serve_app.openai.completions import CompletionFormat
+from serve_app.openai.logprobs import LOGPROB_FLOOR
 
 PROMPT = (
     TokenLogprob("The", None),  # a prompt's first token has none

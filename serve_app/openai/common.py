@@ -8,14 +8,13 @@ import json
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
-from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Header
 from openai.types import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from ..engines import GenerationResult, StructuredOutputs, TokenLogprob
+from ..engines import GenerationResult, StructuredOutputs
 from .fields import OpenAIModel
 from .structured import ResponseFormat, StructuredOutputsFields
 from .types import Priority, Refusal, Text, TokenId
@@ -240,43 +239,6 @@ def sse(payload: Any, event: str | None = None) -> str:
     (the Responses API's events are)."""
     data = payload.model_dump_json(exclude_unset=True) if hasattr(payload, "model_dump_json") else json.dumps(payload)
     return f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n"
-
-
-LOGPROB_FLOOR = -9999.0
-"""What a log probability of minus infinity is sent as (JSON has no infinity; OpenAI's and vLLM's value)."""
-
-
-def named_by_id(tokens: Sequence[TokenLogprob], by_id: bool = True) -> Sequence[TokenLogprob]:
-    """``tokens`` with each token and alternative named ``token_id:<id>`` (vLLM's ``return_tokens_as_token_ids``: a
-    token that does not decode alone, such as part of a character's bytes, is still told apart); as they are
-    where not ``by_id``."""
-    if not by_id:
-        return tokens
-    return [
-        replace(
-            t, token=f"token_id:{t.token_id}", top=tuple((f"token_id:{i}", lp) for i, (_, lp) in zip(t.top_ids, t.top))
-        )
-        for t in tokens
-    ]
-
-
-def vllm_prompt_logprobs(tokens: Sequence[TokenLogprob] | None) -> list[dict[str, dict[str, Any]] | None]:
-    """vLLM's ``prompt_logprobs`` field: for each prompt token (None for the first: nothing precedes it) the token
-    and its alternatives by id, each with its ``logprob``, ``rank`` in the vocabulary and ``decoded_token``."""
-    return [
-        None
-        if t.logprob is None
-        else {
-            str(i): {"logprob": clamp_logprob(logprob), "rank": rank, "decoded_token": text}
-            for i, (text, logprob), rank in zip(t.top_ids, t.top, t.top_ranks)
-        }
-        for t in tokens or ()
-    ]
-
-
-def clamp_logprob(logprob: float | None) -> float:
-    """A log probability JSON can carry (:data:`LOGPROB_FLOOR` at least; None, where none was computed, too)."""
-    return LOGPROB_FLOOR if logprob is None else max(logprob, LOGPROB_FLOOR)
 
 
 def new_id(kind: str) -> str:

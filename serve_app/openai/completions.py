@@ -12,8 +12,9 @@ from openai.types.completion_choice import Logprobs
 from pydantic import Field
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
-from .common import OpenAIRequest, clamp_logprob, named_by_id, new_id, usage, vllm_prompt_logprobs
+from .common import OpenAIRequest, new_id, usage
 from .fields import GENERATION_EXTENSIONS
+from .logprobs import clamp_logprob, named_by_id, vllm_prompt_logprobs
 from .types import Refusal, Text, TokenId
 
 

@@ -7,7 +7,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, Field
 
-from .common import OriginFields, SamplingFields, clamp_logprob
+from .common import OriginFields, SamplingFields
+from .logprobs import clamp_logprob
 from .types import Text
 
 

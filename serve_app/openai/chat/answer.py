@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ...engines import GenerationRequest, GenerationResult, TokenLogprob
-from ..common import named_by_id
+from ..logprobs import named_by_id
 from ..tools import ToolCalls
 from .format import Reader, read_output
 

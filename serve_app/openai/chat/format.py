@@ -18,8 +18,9 @@ from openai.types.chat.chat_completion_token_logprob import TopLogprob
 
 from ...engines import GenerationDelta, GenerationResult, TokenLogprob
 from ...engines.parsers import OutputReader
-from ..common import clamp_logprob, named_by_id, new_id, usage, vllm_prompt_logprobs
+from ..common import new_id, usage
 from ..completions import finish_reason, stop_reason
+from ..logprobs import clamp_logprob, named_by_id, vllm_prompt_logprobs
 from ..tools import ToolCalls
 
 
