@@ -142,6 +142,15 @@ async def test_a_truncation_that_leaves_nothing_or_exceeds_the_context_is_refuse
     assert refused.value.param == "truncate_prompt_tokens"
 
 
+async def test_repetition_detection_is_refused_by_an_engine_that_does_not_detect_it():
+    """The simulated engine ends no request for repeating itself: a request asking for it is a 400 naming the field,
+    not an answer that ignored it."""
+    repeats = {"max_pattern_size": 4, "min_count": 3}
+    with pytest.raises(RequestError) as refused:
+        await core().requests.completion(CompletionRequest(prompt="hello there", repetition_detection=repeats))
+    assert refused.value.param == "repetition_detection"
+
+
 def test_reasoning_effort_reaches_the_template_and_sets_its_thinking_unless_the_request_does():
     """On chat completions, and from the Responses API's ``reasoning.effort``."""
 

@@ -149,6 +149,24 @@ def test_stream_interval_streams_that_many_tokens_a_chunk(real_app):
     assert len(ends[None]) > 3, ends  # unpaced: more chunks than the interval's three
 
 
+def test_repetition_detection_ends_an_answer_that_repeats_itself(real_app):
+    """vLLM's ``repetition_detection`` on the real engine: a greedy answer that goes on counting "1, 2," runs to its
+    ``max_tokens`` without it and ends early with it (finish reason "stop", vLLM's stop reason
+    "repetition_detected"); vLLM's rules for the three numbers are a 400 naming the field."""
+    url = real_app.url
+    body = {"prompt": "1, 2, 1, 2, 1, 2, 1, 2, 1, 2,", "max_tokens": 48, "ignore_eos": True, "temperature": 0}
+    repeats = {"max_pattern_size": 8, "min_count": 4}
+    (free,) = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"]
+    answer = httpx.post(f"{url}/v1/completions", json={**body, "repetition_detection": repeats}, timeout=120).json()
+    (cut,) = answer["choices"]
+    assert free["finish_reason"] == "length" and "stop_reason" not in free
+    assert (cut["finish_reason"], cut["stop_reason"]) == ("stop", "repetition_detected")
+    assert answer["usage"]["completion_tokens"] < 48 and free["text"].startswith(cut["text"])
+    no_count = {**body, "repetition_detection": {"max_pattern_size": 4}}  # vLLM: a pattern needs min_count >= 2
+    bad = httpx.post(f"{url}/v1/completions", json=no_count, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "repetition_detection"
+
+
 def test_return_tokens_as_token_ids_names_each_logprob_by_the_id_the_engine_ran(real_app):
     """vLLM's ``return_tokens_as_token_ids`` on the real engine: each log probability's token is ``token_id:<id>``
     of the id ``return_token_ids`` lists at its place, and its alternatives are named by ids too; on completions

@@ -122,6 +122,8 @@ class RequestBuilder:
         for name in ("stop_token_ids", "allowed_token_ids", "bad_words"):
             if name in given:
                 given[name] = tuple(given[name])
+        if (repeats := fields.repetition_detection) is not None:
+            given["repetition_detection"] = (repeats.max_pattern_size, repeats.min_pattern_size, repeats.min_count)
         logprobs, prompt_logprobs = fields.logprob_counts()
         options = SamplingOptions(
             # 0 (completions' echo alone) runs as vLLM's server runs it: one token generated, the prompt returned

@@ -91,6 +91,9 @@ class SamplingOptions:
     stream_interval: int | None = None
     """Its outputs come this many tokens at a time, the first token and the end at once (vLLM's extension); None:
     each token as it comes."""
+    repetition_detection: tuple[int, int, int] | None = None
+    """It ends where its last tokens repeat a pattern of ``(max, min)`` tokens ``count`` times (vLLM's extension,
+    ``(max_pattern_size, min_pattern_size, min_count)``; its finish reason ``repetition``); None: never."""
 
 
 @dataclass
@@ -147,6 +150,8 @@ class Engine(abc.ABC):
     structures_outputs: bool = False
     """Whether it constrains outputs (``SamplingOptions.structured_outputs``, ``allowed_token_ids``, ``bad_words``); a
     request for it is refused if not."""
+    detects_repetition: bool = False
+    """Whether it ends a request that repeats itself (``SamplingOptions.repetition_detection``); refused if not."""
     parsers: OutputParsers | None = None
     """vLLM's output parsers over the model's tokenizer, where the engine has both (tool calls, reasoning)."""
     max_model_len: int
@@ -166,6 +171,9 @@ class Engine(abc.ABC):
         for name, given in limits.items():
             if given and not self.structures_outputs:
                 raise RequestError(f"{name}: the {self.name} engine does not constrain outputs", param=name)
+        if sampling.repetition_detection is not None and not self.detects_repetition:
+            why = f"repetition_detection: the {self.name} engine does not detect repetition"
+            raise RequestError(why, param="repetition_detection")
 
     def check_token_ids(self, token_ids: Sequence[int], what: str) -> None:  # noqa: B027 - optional hook
         """Raise :class:`RequestError` if a prompt given as token ids holds one the model does not have."""

@@ -29,12 +29,16 @@ def vllm_refusals(what: str | None = None) -> Iterator[None]:
 def sampling_params(s: SamplingOptions) -> Any:
     """vLLM's ``SamplingParams`` for validated options, streaming deltas."""
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+    from vllm.sampling_params import RepetitionDetectionParams, RequestOutputKind, StructuredOutputsParams
 
     structured = s.structured_outputs
     if structured is not None:
         fields = {**asdict(structured), "choice": list(structured.choice) if structured.choice else None}
         structured = StructuredOutputsParams(**fields)
+    repetition = None
+    if s.repetition_detection is not None:
+        with vllm_refusals("repetition_detection"):  # vLLM's own rules for its three numbers
+            repetition = RepetitionDetectionParams(*s.repetition_detection)
     return SamplingParams(
         max_tokens=s.max_tokens,
         temperature=s.temperature,
@@ -60,6 +64,7 @@ def sampling_params(s: SamplingOptions) -> Any:
         structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
         stream_interval=s.stream_interval,
+        repetition_detection=repetition,
     )
 
 

@@ -73,6 +73,7 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
     name = "vllm"
     returns_logprobs = True
     structures_outputs = True
+    detects_repetition = True
 
     def __init__(
         self,

@@ -22,6 +22,17 @@ from .types import Priority, Refusal, Text, TokenId
 DONE = "data: [DONE]\n\n"
 
 
+class RepetitionDetection(BaseModel):
+    """vLLM's ``repetition_detection``: an output ends once its last tokens repeat a pattern of ``min_pattern_size``
+    (0: 1) to ``max_pattern_size`` tokens ``min_count`` times (vLLM checks the three together)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_pattern_size: int = Field(0, ge=0)
+    min_pattern_size: int = Field(0, ge=0)
+    min_count: int = Field(0, ge=0)
+
+
 class SamplingFields(BaseModel):
     """Per-request sampling; a field left out takes the app's default (``max_tokens``, ``temperature``,
     ``top_p``, ``stop``, ``seed``) or vLLM's."""
@@ -63,6 +74,9 @@ class SamplingFields(BaseModel):
     )
     stream_interval: int | None = Field(
         None, ge=1, description="a stream's chunks carry this many tokens (its first token and its end go at once)"
+    )
+    repetition_detection: RepetitionDetection | None = Field(
+        None, description="end the output where its last tokens repeat a pattern (vLLM's finish reason `repetition`)"
     )
     logprobs: int | None = Field(
         None, ge=0, le=20, description="log probability of each generated token, with this many alternatives"

@@ -23,7 +23,6 @@ GENERATION_EXTENSIONS: Mapping[str, Any] = {
     "kv_transfer_params": None,
     "logprob_token_ids": None,
     "mm_payload": "tensors",
-    "repetition_detection": None,
     "return_mm_kwargs": None,
     "return_token_offsets": False,
     "routed_experts_prompt_start": 0,
