@@ -76,7 +76,7 @@ class SamplingFields(BaseModel):
         None, ge=1, description="a stream's chunks carry this many tokens (its first token and its end go at once)"
     )
     repetition_detection: RepetitionDetection | None = Field(
-        None, description="end the output where its last tokens repeat a pattern (vLLM's finish reason `repetition`)"
+        None, description="end the output where its last tokens repeat a pattern (stop reason `repetition_detected`)"
     )
     logprobs: int | None = Field(
         None, ge=0, le=20, description="log probability of each generated token, with this many alternatives"
