@@ -290,3 +290,30 @@ def test_the_app_refuses_what_vllms_own_server_refuses_with_its_status(real_app,
     vllm = {name: post(vllm_url, "/v1/chat/completions", body).status_code for name, body in bodies.items()}
     assert app == vllm
     assert all(400 <= status < 500 for status in app.values())
+
+
+def test_stream_interval_chunks_as_vllms_own_server_chunks(real_app, vllm_url):
+    """``stream_interval``: the same streamed completion, four tokens a chunk, ends its chunks where vLLM's server
+    ends its: the first token alone, then every fourth, then the end (a reader that fell behind may get two joined)."""
+    body = {"prompt": "Count: one, two,", "max_tokens": 10, "ignore_eos": True, "temperature": 0, "stream": True}
+    body.update(stream_interval=4, return_token_ids=True)
+    ends = []
+    for url in (real_app.url, vllm_url):
+        text = httpx.post(f"{url}/v1/completions", json={"model": MODEL, **body}, timeout=300).text
+        chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        counts = [len(c["choices"][0].get("token_ids") or []) for c in chunks if c["choices"]]
+        ends.append([sum(counts[: i + 1]) for i, n in enumerate(counts) if n])
+    assert all(side[0] == 1 and side[-1] == 10 and set(side) <= {1, 5, 9, 10} for side in ends), ends
+
+
+def test_repetition_detection_ends_the_answer_where_vllms_own_server_does(real_app, vllm_url):
+    """``repetition_detection``: the same greedy answer cut at the same token, with vLLM's stop reason; the finish
+    reason is "stop" here and vLLM's own "repetition" there (docs/http.md says why)."""
+    body = {"prompt": "1, 2, 1, 2, 1, 2, 1, 2, 1, 2,", "max_tokens": 48, "ignore_eos": True, "temperature": 0}
+    body["repetition_detection"] = {"max_pattern_size": 8, "min_count": 4}
+    app, vllm = (post(url, "/v1/completions", body).json() for url in (real_app.url, vllm_url))
+    (mine,), (theirs,) = app["choices"], vllm["choices"]
+    assert mine["text"] == theirs["text"] and app["usage"]["completion_tokens"] < 48
+    assert app["usage"]["completion_tokens"] == vllm["usage"]["completion_tokens"]
+    assert (mine["finish_reason"], theirs["finish_reason"]) == ("stop", "repetition")
+    assert mine["stop_reason"] == theirs["stop_reason"] == "repetition_detected"
