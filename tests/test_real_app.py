@@ -193,8 +193,8 @@ def test_prompt_logprobs_rank_each_prompt_token_the_engine_read(real_app):
     """vLLM's ``prompt_logprobs`` on the real engine: one entry per prompt token (None for the first), each holding
     that token's id with its rank and at most ``prompt_logprobs`` more; on completions and chat; refused (400) in
     a stream and for the whole vocabulary (-1), over vLLM's limit. ``/generate`` and the ``generate`` handle (what a
-    Ray Data job calls) give each prompt token's id and log probability (None for the first), the same as
-    completions'."""
+    Ray Data job calls) and ``generate_stream``'s result give each prompt token's id and log probability (None for the
+    first), the same as completions'."""
     url = real_app.url
     asked = {"prompt_logprobs": 2, "return_token_ids": True, "max_tokens": 1, "temperature": 0}
     (choice,) = httpx.post(
@@ -216,8 +216,9 @@ def test_prompt_logprobs_rank_each_prompt_token_the_engine_read(real_app):
     assert vocabulary.status_code == 400 and "prompt_logprobs" in vocabulary.text  # over vLLM's max_logprobs
     scoring = {"prompts": ["The capital of France is"], "prompt_logprobs": 2, "max_tokens": 1}
     (detail,) = httpx.post(f"{url}/generate", json=scoring, timeout=120).json()["details"]
-    handle = real_app.call("tests.test_real_app:generate_scored", "The capital of France is")
-    for scored in (detail["prompt_logprobs"], handle["prompt_logprobs"]):
+    whole, streamed = real_app.call("tests.test_real_app:generate_scored", "The capital of France is")
+    assert streamed["type"] == "result"
+    for scored in (detail["prompt_logprobs"], whole["prompt_logprobs"], streamed["prompt_logprobs"]):
         assert [t["token_id"] for t in scored] == choice["prompt_token_ids"] and scored[0]["logprob"] is None
         pairs = zip(choice["prompt_token_ids"][1:], choice["prompt_logprobs"][1:])
         expected = [position[str(token)]["logprob"] for token, position in pairs]
@@ -234,13 +235,17 @@ def chat_by_id(messages: list) -> dict:
     return serve.get_app_handle("llm").chat.remote(messages, max_tokens=4, temperature=0, **fields).result()
 
 
-def generate_scored(prompt: str) -> dict:
-    """The ``generate`` handle's answer with its prompt's log probabilities (run in a driver of the app's cluster)."""
+def generate_scored(prompt: str) -> list[dict]:
+    """The ``generate`` handle's answer with its prompt's log probabilities, and ``generate_stream``'s result (run in a
+    driver of the app's cluster)."""
     import ray
     from ray import serve
 
     ray.init(address="auto", namespace="serve", logging_level="ERROR")
-    return serve.get_app_handle("llm").generate.remote(prompt, max_tokens=1, temperature=0, prompt_logprobs=2).result()
+    handle, asked = serve.get_app_handle("llm"), {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
+    whole = handle.generate.remote(prompt, **asked).result()
+    *_, streamed = handle.options(stream=True).generate_stream.remote(prompt, **asked)
+    return [whole, streamed]
 
 
 def test_engine_and_replicas_keep_serve_runs_niceness(real_app):
