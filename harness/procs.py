@@ -25,7 +25,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from serve_app.engines.procs import Proc, descendants, read_proc
+from serve_app.engines.procs import Proc, descendants, process_table, read_proc
 
 DEFAULT_SIGINT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
@@ -45,18 +45,24 @@ def spawn(argv: list[str], **popen: Any) -> subprocess.Popen:
 def own_leftovers(marker: str) -> list[int]:
     """Processes that name ``marker`` in their command line or environment (this process excepted): Ray's
     daemons and workers (a worker renames itself ``ray::...`` but keeps the environment it inherited) and
-    the engine processes those workers started."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
+    the engine processes those workers started; and every process below one of them. A process that sets its
+    title may overwrite its environment's memory with it (Ray's dashboard agent and the dashboard's modules, some
+    runs and not others), which is what /proc shows; its parent still carries the marker."""
+    table = process_table()
+    marked = set()
+    for pid in table:
+        if pid != os.getpid():
             with suppress(OSError):
-                if marker.encode() in (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes():
-                    pids.append(int(entry.name))
-    return pids
+                if (
+                    marker.encode()
+                    in Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
+                ):
+                    marked.add(pid)
+    return sorted(marked | (descendants(table, marked) - {os.getpid()}))
 
 
 def processes(marker: str) -> dict[int, Proc]:
-    """The processes carrying ``marker`` (see :func:`own_leftovers`), by pid."""
+    """The processes carrying ``marker`` or below one that does (see :func:`own_leftovers`), by pid."""
     return {pid: proc for pid in own_leftovers(marker) if (proc := read_proc(pid)) is not None}
 
 

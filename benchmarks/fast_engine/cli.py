@@ -79,6 +79,7 @@ CPU_COLUMNS = [
     ("cpu_per_1k:replica", "replica", ".2f"),
     ("cpu_per_1k:proxy", "proxy", ".2f"),
     ("cpu_per_1k:api server", "api server", ".2f"),
+    ("cpu_per_1k:agent", "Ray's agent", ".3f"),
     ("cpu_per_1k:other", "other", ".2f"),
 ]
 

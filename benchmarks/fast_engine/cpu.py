@@ -12,11 +12,13 @@ from typing import Any
 
 from harness.procs import engine_of, processes, replicas
 
-ROLES = ("engine", "replica", "proxy", "api server", "other")
+ROLES = ("engine", "replica", "proxy", "api server", "agent", "other")
 """``engine``: vLLM's engine processes (``VLLM::EngineCore``, which schedules, and ``VLLM::Worker``, which computes on
 the CPU build), the embedding app's idle one included; ``replica``: the generation app's Serve replica (ingress,
 batcher, vLLM's output processing); ``proxy``: HAProxy, its manager actor, Serve's proxy actor; ``api server``:
-vLLM's own server process; ``other``: the rest (Ray's daemons, Serve's controller, the embedding app's replica)."""
+vLLM's own server process; ``agent``: Ray's dashboard agent, through which every Ray metric of the node's processes
+(vLLM's engine metrics included) passes on its way to the metrics endpoint; ``other``: the rest (Ray's daemons,
+Serve's controller, the embedding app's replica)."""
 
 
 APPS = ("llm", "embeddings")
@@ -31,6 +33,8 @@ def role(title: str) -> str:
         return "replica"
     if "haproxy" in title.lower() or "ProxyActor" in title:
         return "proxy"
+    if "DashboardAgent" in title:
+        return "agent"
     if "vllm.entrypoints.openai.api_server" in title or "APIServer" in title:
         return "api server"
     return "other"

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +70,7 @@ def test_a_model_that_is_not_a_llama_is_refused_by_name(tmp_path):
         ("ray::ServeReplica:embeddings:EmbeddingServer", "other"),
         ("/usr/sbin/haproxy -f /tmp/rt/haproxy.cfg", "proxy"),
         ("ray::ProxyActor", "proxy"),
+        ("ray::DashboardAgent", "agent"),
         ("python -m vllm.entrypoints.openai.api_server --model /tmp/tiny", "api server"),
         ("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --node_id", "other"),
     ],
@@ -132,10 +134,46 @@ def test_a_replicas_engine_is_told_by_parentage_whatever_its_title(tmp_path):
     assert roles == {parent.pid: "replica", engine: "engine"}
 
 
+def test_a_process_below_a_marked_one_is_the_peers_even_where_its_environment_lost_the_marker(tmp_path):
+    """A process whose environment /proc no longer shows the marker (Ray's dashboard agent overwrites it with its
+    title in some runs) is counted when a marked process started it: here a child given an empty environment."""
+    marker = str(tmp_path / "marker")
+    parent_code = (
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import sys; sys.stdin.readline()'], stdin=subprocess.PIPE,"
+        " env={})\n"
+        "print(child.pid, flush=True)\n"
+        "sys.stdin.readline()\n"
+        "child.stdin.close(); child.wait()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code, "ray::DashboardAgent"],
+        env={**os.environ, "RAY_TMPDIR": marker},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        child = int(parent.stdout.readline())
+        assert marker.encode() not in Path(f"/proc/{child}/environ").read_bytes()
+        roles = {pid: name for (pid, _), (name, _) in snapshot(marker).items()}
+    finally:
+        parent.stdin.close()
+        parent.wait()
+    assert roles == {parent.pid: "agent", child: "other"}
+
+
 def test_a_process_started_between_snapshots_counts_from_its_start_and_a_gone_one_not_at_all():
     before = {(1, 10): ("replica", 5.0), (2, 20): ("engine", 7.0)}
     after = {(1, 10): ("replica", 6.5), (3, 30): ("proxy", 0.25)}  # 2 ended; 3 is new; a reused pid is new too
-    assert spent(before, after) == {"engine": 0.0, "replica": 1.5, "proxy": 0.25, "api server": 0.0, "other": 0.0}
+    assert spent(before, after) == {
+        "engine": 0.0,
+        "replica": 1.5,
+        "proxy": 0.25,
+        "api server": 0.0,
+        "agent": 0.0,
+        "other": 0.0,
+    }
 
 
 def test_a_window_is_counted_from_the_snapshots_just_outside_it():
