@@ -50,13 +50,10 @@ def own_leftovers(marker: str) -> list[int]:
     runs and not others), which is what /proc shows; its parent still carries the marker."""
     table = process_table()
     marked = set()
-    for pid in table:
+    for pid, proc in table.items():  # the title is the command line, spaces for its NULs
         if pid != os.getpid():
             with suppress(OSError):
-                if (
-                    marker.encode()
-                    in Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
-                ):
+                if marker in proc.title or marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
                     marked.add(pid)
     return sorted(marked | (descendants(table, marked) - {os.getpid()}))
 
