@@ -43,8 +43,13 @@ def spawn(argv: list[str], **popen: Any) -> subprocess.Popen:
 
 
 def own_leftovers(marker: str) -> list[int]:
-    """Processes that name ``marker`` in their command line or environment (this process excepted): Ray's
-    daemons and workers (a worker renames itself ``ray::...`` but keeps the environment it inherited) and
+    """The pids of :func:`processes`: what a server that ran with ``marker`` left behind."""
+    return sorted(processes(marker))
+
+
+def processes(marker: str) -> dict[int, Proc]:
+    """The processes that name ``marker`` in their command line or environment (this process excepted), by pid:
+    Ray's daemons and workers (a worker renames itself ``ray::...`` but keeps the environment it inherited) and
     the engine processes those workers started; and every process below one of them. A process that sets its
     title may overwrite its environment's memory with it (Ray's dashboard agent and the dashboard's modules, some
     runs and not others), which is what /proc shows; its parent still carries the marker."""
@@ -55,12 +60,7 @@ def own_leftovers(marker: str) -> list[int]:
             with suppress(OSError):
                 if marker in proc.title or marker.encode() in Path(f"/proc/{pid}/environ").read_bytes():
                     marked.add(pid)
-    return sorted(marked | (descendants(table, marked) - {os.getpid()}))
-
-
-def processes(marker: str) -> dict[int, Proc]:
-    """The processes carrying ``marker`` or below one that does (see :func:`own_leftovers`), by pid."""
-    return {pid: proc for pid in own_leftovers(marker) if (proc := read_proc(pid)) is not None}
+    return {pid: table[pid] for pid in marked | (descendants(table, marked) - {os.getpid()})}
 
 
 def replicas(table: dict[int, Proc], app: str) -> set[int]:
