@@ -20,7 +20,7 @@ import pytest
 from harness.procs import engine_of, processes, replicas
 from harness.vllm_bench import bench_serve
 
-from .test_streaming import sse_events
+from .test_streaming import sse_events, token_chunk_ends
 from .waits import wait_until
 
 pytestmark = pytest.mark.system
@@ -142,9 +142,7 @@ def test_stream_interval_streams_that_many_tokens_a_chunk(real_app):
     ends = {}
     for interval in (None, 4):
         asked = {**body, "return_token_ids": True, **({"stream_interval": interval} if interval else {})}
-        stream = httpx.post(f"{url}/v1/completions", json=asked, timeout=120).text
-        counts = [len(json.loads(e)["choices"][0].get("token_ids") or []) for e in sse_events(stream) if e != "[DONE]"]
-        ends[interval] = [sum(counts[: i + 1]) for i in range(len(counts)) if counts[i]]
+        ends[interval] = token_chunk_ends(httpx.post(f"{url}/v1/completions", json=asked, timeout=120).text)
     assert ends[4][0] == 1 and ends[4][-1] == 9 and set(ends[4]) <= {1, 5, 9}, ends
     assert len(ends[None]) > 3, ends  # unpaced: more chunks than the interval's three
 

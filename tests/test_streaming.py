@@ -6,6 +6,7 @@ abort, budget freed), and handle streaming."""
 from __future__ import annotations
 
 import json
+from itertools import accumulate
 
 import httpx
 import pytest
@@ -43,6 +44,13 @@ def client(app):
 def sse_events(text: str) -> list[str]:
     """The ``data:`` payloads of an SSE body, in order."""
     return [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
+
+
+def token_chunk_ends(text: str) -> list[int]:
+    """Where each chunk of a streamed completion asked with ``return_token_ids`` ends, counted in tokens (chunks
+    that carry none, and those without a choice, left out)."""
+    chunks = [json.loads(event) for event in sse_events(text) if event != "[DONE]"]
+    return list(accumulate(n for c in chunks if c["choices"] and (n := len(c["choices"][0].get("token_ids") or []))))
 
 
 async def test_openai_client_completions_streamed_deltas_equal_the_whole_text(client):

@@ -20,6 +20,8 @@ from harness.environment import ROOT, http_status, offline_env
 from harness.launcher import SERVE_RUN_START_S, running, vllm_server
 from harness.ports import free_port
 
+from .test_streaming import token_chunk_ends
+
 pytestmark = pytest.mark.soak
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -299,10 +301,9 @@ def test_stream_interval_chunks_as_vllms_own_server_chunks(real_app, vllm_url):
     body.update(stream_interval=4, return_token_ids=True)
     ends = []
     for url in (real_app.url, vllm_url):
-        text = httpx.post(f"{url}/v1/completions", json={"model": MODEL, **body}, timeout=300).text
-        chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
-        counts = [len(c["choices"][0].get("token_ids") or []) for c in chunks if c["choices"]]
-        ends.append([sum(counts[: i + 1]) for i, n in enumerate(counts) if n])
+        ends.append(
+            token_chunk_ends(httpx.post(f"{url}/v1/completions", json={"model": MODEL, **body}, timeout=300).text)
+        )
     assert all(side[0] == 1 and side[-1] == 10 and set(side) <= {1, 5, 9, 10} for side in ends), ends
 
 
