@@ -9,8 +9,9 @@ phases:
 - ``core``: the app's path, ``Generator.run`` (request building, the admission batcher, the stream merge) and each
   output made into its completions chunks as Server-Sent Events (what a replica hands its HTTP response).
 
-Prints output tok/s and this process's CPU seconds per 1,000 output tokens (the engine's own processes, which run
-the model, not counted); the first phase is a warm-up.
+Each phase collects garbage as its server would: ``core`` with a replica's young-generation threshold, ``direct`` with
+Python's default, as vLLM's server keeps it. Prints output tok/s and this process's CPU seconds per 1,000 output
+tokens (the engine's own processes, which run the model, not counted); the first phase is a warm-up.
 
     python -m benchmarks.fast_engine.core [--requests 512] [--concurrency 256] [--rounds 2]
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import random
 import tempfile
@@ -41,9 +43,13 @@ def cpu_seconds() -> float:
     return times.user + times.system
 
 
-async def phase(name: str, one: Phase, prompts: list[list[int]], concurrency: int) -> dict[str, Any]:
-    """Every prompt through ``one``, at most ``concurrency`` at once: tokens, tok/s and CPU-s per 1,000 tokens."""
+async def phase(
+    name: str, one: Phase, prompts: list[list[int]], concurrency: int, young_threshold: int
+) -> dict[str, Any]:
+    """Every prompt through ``one``, at most ``concurrency`` at once, the collector's young generation collected every
+    ``young_threshold`` net allocations: tokens, tok/s and CPU-s per 1,000 tokens."""
     slots = asyncio.Semaphore(concurrency)
+    gc.set_threshold(young_threshold, *gc.get_threshold()[1:])
 
     async def limited(prompt: list[int]) -> tuple[int, int]:
         async with slots:
@@ -73,6 +79,7 @@ async def measure(requests: int, concurrency: int, rounds: int, folder: Path) ->
     from serve_app.engines import GenerationResult
     from serve_app.openai.common import sse
     from serve_app.openai.completions import CompletionFormat, CompletionRequest
+    from serve_app.serving.replica import YOUNG_COLLECTION_THRESHOLD
 
     from ..e2e.settings import app_args
 
@@ -113,13 +120,16 @@ async def measure(requests: int, concurrency: int, rounds: int, folder: Path) ->
             sent += len("".join(sse(chunk) for chunk in chunks).encode())
         return tokens, sent
 
+    default = gc.get_threshold()[0]
+    paths = {"direct": (direct, default), "core": (app, YOUNG_COLLECTION_THRESHOLD)}
     rows = []
     try:
-        await phase("warm-up", direct, prompts[:concurrency], concurrency)
+        await phase("warm-up", direct, prompts[:concurrency], concurrency, default)
         for round_ in range(rounds):
-            order = (("direct", direct), ("core", app))
-            for name, one in order if round_ % 2 == 0 else order[::-1]:
-                rows.append({**await phase(name, one, prompts, concurrency), "round": round_})
+            order = ("direct", "core") if round_ % 2 == 0 else ("core", "direct")
+            for name in order:
+                one, threshold = paths[name]
+                rows.append({**await phase(name, one, prompts, concurrency, threshold), "round": round_})
     finally:
         await core.stop()
     for name in ("direct", "core"):
