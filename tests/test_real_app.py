@@ -20,7 +20,7 @@ import pytest
 from harness.procs import engine_of, processes, replicas
 from harness.vllm_bench import bench_serve
 
-from .test_streaming import sse_events, token_chunk_ends
+from .test_streaming import sse_payloads, token_chunk_ends
 from .waits import wait_until
 
 pytestmark = pytest.mark.system
@@ -125,7 +125,7 @@ def test_return_token_ids_gives_the_ids_the_engine_ran_whole_and_streamed(real_a
     text = httpx.post(f"{url}/detokenize", json={"tokens": choice["token_ids"]}, timeout=60).json()["prompt"]
     assert text == choice["text"] if choice["finish_reason"] == "length" else text.startswith(choice["text"])  # + EOS
     stream = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=120).text
-    chunks = [json.loads(event) for event in sse_events(stream) if event != "[DONE]"]
+    chunks = sse_payloads(stream)
     assert [i for c in chunks for i in c["choices"][0]["token_ids"]] == choice["token_ids"]
     chat = {"messages": FRANCE, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
     answer = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=120).json()
@@ -371,8 +371,6 @@ def test_handle_chat_returns_log_probabilities_whole_and_streamed(real_app):
     """``chat`` and ``chat_stream`` through a DeploymentHandle with ``logprobs=True``, ``generate`` and
     ``generate_batch`` with ``logprobs=2``: one entry per generated token, its alternatives as many as asked, each
     delta carrying its own tokens'."""
-    import json
-
     env = real_app.env
     result = subprocess.run(
         [sys.executable, "-c", HANDLE_LOGPROBS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300

@@ -46,10 +46,15 @@ def sse_events(text: str) -> list[str]:
     return [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
 
 
+def sse_payloads(text: str) -> list[dict]:
+    """The JSON payloads of an SSE body, in order (``[DONE]`` left out)."""
+    return [json.loads(event) for event in sse_events(text) if event != "[DONE]"]
+
+
 def token_chunk_ends(text: str) -> list[int]:
     """Where each chunk of a streamed completion asked with ``return_token_ids`` ends, counted in tokens (chunks
     that carry none, and those without a choice, left out)."""
-    chunks = [json.loads(event) for event in sse_events(text) if event != "[DONE]"]
+    chunks = sse_payloads(text)
     return list(accumulate(n for c in chunks if c["choices"] and (n := len(c["choices"][0].get("token_ids") or []))))
 
 

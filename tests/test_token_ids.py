@@ -16,7 +16,7 @@ from serve_app.openai.chat import ChatFormat
 from serve_app.openai.completions import CompletionFormat
 
 from .test_logprobs import dumped
-from .test_streaming import sse_events
+from .test_streaming import sse_events, sse_payloads
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -136,7 +136,7 @@ async def test_chat_returns_the_conversations_ids_and_the_openai_client_reads_th
     assert whole.prompt_token_ids == tokenized  # the client keeps vLLM's extra fields
     assert len(whole.choices[0].token_ids) == whole.usage.completion_tokens == 3
     assert "prompt_token_ids" not in plain.model_dump() and "token_ids" not in plain.choices[0].model_dump()
-    events = [json.loads(e) for e in sse_events(stream.text) if e != "[DONE]"]
+    events = sse_payloads(stream.text)
     assert [e["prompt_token_ids"] for e in events if "prompt_token_ids" in e] == [tokenized]  # the role chunk's
     assert "token_ids" not in events[0]["choices"][0]  # the role chunk's choice has none, as vLLM's
     assert [i for e in events[1:] for c in e["choices"] for i in c["token_ids"]] == whole.choices[0].token_ids

@@ -20,7 +20,7 @@ from harness.environment import ROOT, http_status, offline_env
 from harness.launcher import SERVE_RUN_START_S, running, vllm_server
 from harness.ports import free_port
 
-from .test_streaming import sse_events, token_chunk_ends
+from .test_streaming import sse_payloads, token_chunk_ends
 
 pytestmark = pytest.mark.soak
 
@@ -265,7 +265,7 @@ def test_continuous_usage_stats_stamp_chunks_as_vllms_own_server_stamps_them(rea
     seen = []
     for url in (real_app.url, vllm_url):
         text = httpx.post(f"{url}{route}", json={"model": MODEL, **body}, timeout=300).text
-        chunks = [json.loads(event) for event in sse_events(text) if event != "[DONE]"]
+        chunks = sse_payloads(text)
         *with_choices, last = chunks
         assert last["choices"] == [] and all(c["choices"] and c["usage"] for c in with_choices), text
         counts = [c["usage"]["completion_tokens"] for c in with_choices]
