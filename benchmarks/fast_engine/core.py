@@ -7,7 +7,8 @@ phases:
 - ``direct``: ``AsyncLLM.generate``'s delta stream, each output made into vLLM's own stream chunk
   (``CompletionStreamResponse`` as JSON, what vLLM's server builds for each);
 - ``core``: the app's path, ``Generator.run`` (request building, the admission batcher, the stream merge) and each
-  output made into its completions chunks as Server-Sent Events (what a replica hands its HTTP response).
+  output made into its completions chunks as Server-Sent Events (``sse_events``, the loop of a replica's streamed
+  answer).
 
 Each phase collects garbage as its server would: ``core`` with a replica's young-generation threshold, ``direct`` with
 Python's default, as vLLM's server keeps it. Prints output tok/s and this process's CPU seconds per 1,000 output
@@ -75,9 +76,8 @@ async def measure(requests: int, concurrency: int, rounds: int, folder: Path) ->
     from vllm.sampling_params import RequestOutputKind
 
     from serve_app.config import AppConfig
-    from serve_app.core.generator import Generator, succeeded
-    from serve_app.engines import GenerationResult
-    from serve_app.openai.common import sse
+    from serve_app.core.events import sse_events
+    from serve_app.core.generator import Generator
     from serve_app.openai.completions import CompletionFormat, CompletionRequest
     from serve_app.serving.replica import YOUNG_COLLECTION_THRESHOLD
 
@@ -110,15 +110,11 @@ async def measure(requests: int, concurrency: int, rounds: int, folder: Path) ->
             {"model": config.model_name, "prompt": prompt, "max_tokens": OUTPUT_LEN, "ignore_eos": True, "stream": True}
         )
         requests = await core.requests.completion(body)
-        fmt, tokens, sent = CompletionFormat(config.model_name), 0, 0
-        async for index, output in core.run(requests):  # as serve_app.serving.llm's streamed answer
-            if isinstance(output, GenerationResult):
-                tokens = succeeded(output, index).output_tokens
-                chunks = fmt.final_chunks(index, output)
-            else:
-                chunks = fmt.chunks(index, output)
-            sent += len("".join(sse(chunk) for chunk in chunks).encode())
-        return tokens, sent
+        results: list[Any] = [None]
+        sent = 0
+        async for event in sse_events(core.run(requests), requests, CompletionFormat(config.model_name), results):
+            sent += len(event.encode())
+        return results[0].output_tokens, sent
 
     default = gc.get_threshold()[0]
     paths = {"direct": (direct, default), "core": (app, YOUNG_COLLECTION_THRESHOLD)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -18,11 +18,11 @@ from ray import serve
 from ..config import AppConfig
 from ..config.lora import adapter_folder
 from ..core import Generator, parse
-from ..core.generator import succeeded
+from ..core.events import sse_events
 from ..engines import GenerationRequest, GenerationResult
 from ..errors import RequestError
 from ..openai.chat import ChatCompletionRequest, ChatFormat, Reader
-from ..openai.common import KeyTenant, OpenAIRequest, sse, stamp_usage
+from ..openai.common import KeyTenant, OpenAIRequest
 from ..openai.completions import CompletionFormat, CompletionRequest
 from ..openai.generate import GenerateRequest, GenerateResponse, PromptResult
 from ..openai.responses import ResponsesFormat, ResponsesRequest, answer_turn, responses_error
@@ -210,22 +210,8 @@ class LLMServer(HandleMethods, Replica):
             return Response(payload, media_type="application/json")
         outputs = self.core.run(requests)  # a full queue is refused here, with a status, before the stream starts
         results: list[Any] = [None] * len(requests)
-
-        async def events() -> AsyncIterator[str]:
-            async for index, output in outputs:
-                if isinstance(output, GenerationResult):
-                    results[index] = succeeded(output, index)
-                    chunks = fmt.final_chunks(index, output)
-                    if finish is not None and all(result is not None for result in results):
-                        await finish(results)
-                else:
-                    chunks = fmt.chunks(index, output)
-                if chunks and body.continuous_usage:
-                    stamp_usage(chunks, len(requests[index].prompt_token_ids), output.output_tokens)
-                if chunks:  # one write for what one output makes (a socket write is most of a chunk's cost)
-                    yield "".join(sse(chunk, getattr(chunk, "type", None)) for chunk in chunks)  # Responses' are named
-
-        return event_stream(events(), lambda: fmt.usage_chunk(results) if body.include_usage else None)
+        events = sse_events(outputs, requests, fmt, results, body.continuous_usage, finish)
+        return event_stream(events, lambda: fmt.usage_chunk(results) if body.include_usage else None)
 
     def adapter_cards(self, base: dict[str, Any]) -> list[dict[str, Any]]:
         """Each LoRA adapter as vLLM's ``/v1/models`` lists it: its folder as ``root``, the base model as ``parent``."""
