@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from .conftest import REPLY as MARK
@@ -33,7 +34,7 @@ def client(app):
     return openai.OpenAI(base_url=app[0] + "/v1", api_key="unused", max_retries=0)
 
 
-def test_a_response_and_its_stream_of_events(client):
+def test_a_response_and_its_stream_of_events(app, client):
     whole = client.responses.create(model=MODEL, input=f"Greet me {MARK}0", max_output_tokens=64)
     assert whole.status == "completed" and whole.output_text == "Hello there!"
     reasoning, message = whole.output
@@ -56,6 +57,13 @@ def test_a_response_and_its_stream_of_events(client):
     final = events[-1].response
     assert final.output_text == text and [item.type for item in final.output] == ["reasoning", "message"]
     assert kinds.index("response.output_text.delta") > kinds.index("response.content_part.added")
+
+    # On the wire each event is named by its type, as OpenAI sends it (its client reads the data alone).
+    body = {"model": MODEL, "input": f"Greet me {MARK}0", "max_output_tokens": 64, "stream": True}
+    wire = httpx.post(f"{app[0]}/v1/responses", json=body, timeout=60).text.strip().split("\n\n")
+    fields = [dict(line.split(": ", 1) for line in event.split("\n")) for event in wire[:-1]]
+    assert [f.get("event") for f in fields] == [json.loads(f["data"])["type"] for f in fields] == kinds
+    assert wire[-1] == "data: [DONE]"
 
     cut = client.responses.create(model=MODEL, input=f"Greet me {MARK}0", max_output_tokens=3)
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
@@ -130,8 +138,6 @@ def test_stored_responses_are_got_and_deleted_and_an_unknown_one_is_a_404(client
     ],
 )
 def test_bad_requests_name_the_responses_field(app, fields, status, param):
-    import httpx
-
     answer = httpx.post(app[0] + "/v1/responses", json={"model": MODEL, "input": "hi", **fields}, timeout=30)
     assert answer.status_code == status, answer.text
     assert answer.json()["error"]["param"] == param, answer.text

@@ -29,6 +29,7 @@ async def sse_events(
     Each request's result is put in ``results`` at its index as it comes (a failed one raises
     :class:`~serve_app.errors.GenerationError`); ``finish`` is awaited once every result is in, before the last
     events go out; ``continuous_usage``: each chunk carries its choice's usage so far."""
+    named = fmt.named_events  # Responses' events are; a chunk's getattr of a field it lacks costs a raised error
     async for index, output in outputs:
         if isinstance(output, GenerationResult):
             results[index] = succeeded(output, index)
@@ -40,4 +41,4 @@ async def sse_events(
         if chunks and continuous_usage:
             stamp_usage(chunks, len(requests[index].prompt_token_ids), output.output_tokens)
         if chunks:
-            yield "".join(sse(chunk, getattr(chunk, "type", None)) for chunk in chunks)  # Responses' are named
+            yield "".join([sse(chunk, chunk.type if named else None) for chunk in chunks])

@@ -100,6 +100,8 @@ class CompletionFormat:
     choice whose result has its prompt's log probabilities (``prompt_logprobs``, or ``echo`` with ``logprobs``)
     has them in vLLM's ``prompt_logprobs`` field too, as vLLM's server gives them."""
 
+    named_events = False  # its stream's events are data only (Responses' are named)
+
     def __init__(
         self,
         model: str,

@@ -71,6 +71,8 @@ class ChatFormat:
     (``prompt_logprobs``), in vLLM's ``prompt_logprobs`` field. Streamed, content is held back where the request
     gave tools and the reader does not stream calls (a forced call): it is read whole at the end."""
 
+    named_events = False  # its stream's events are data only (Responses' are named)
+
     def __init__(
         self,
         model: str,

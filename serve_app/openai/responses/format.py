@@ -56,6 +56,8 @@ class ResponsesFormat:
     """A Response and its stream events for one request, from the chat path's answer (``chat``: its
     :class:`ChatFormat`): reasoning, then the message, then the function calls, as output items."""
 
+    named_events = True  # each stream event is named by its type ("event: response.created")
+
     def __init__(self, body: ResponsesRequest, chat: ChatFormat) -> None:
         self.body, self.chat = body, chat
         self.id, self.created = _id("resp"), int(time.time())
