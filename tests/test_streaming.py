@@ -129,6 +129,8 @@ async def test_continuous_usage_stats_put_each_choices_usage_so_far_on_each_chun
                 assert used["prompt_tokens"] == prompt and used["total_tokens"] == prompt + used["completion_tokens"]
                 seen.setdefault(chunk["choices"][0]["index"], []).append(used["completion_tokens"])
             assert sorted(seen) == list(range(body.get("n", 1)))
+            if "chat" in path:  # the role chunk comes before any of the completion, as vLLM's server stamps it
+                assert chunks[0]["choices"][0]["delta"]["role"] == "assistant" and seen[0][0] == 0
             assert all(counts == sorted(counts) and counts[-1] == 6 for counts in seen.values()), seen
             assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6 * body.get("n", 1)
             options_only = {**streamed, "stream_options": {"continuous_usage_stats": True}}

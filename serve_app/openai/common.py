@@ -263,7 +263,8 @@ def stamp_usage(chunks: Sequence[Any], prompt_tokens: int, completion_tokens: in
     """vLLM's ``continuous_usage_stats``: each of one choice's ``chunks`` carries that choice's usage so far (a chat's
     role chunk with none of its completion yet, as vLLM's server sends it)."""
     for chunk in chunks:
-        delta = getattr(chunk.choices[0], "delta", None) if chunk.choices else None
+        choice = chunk.choices[0] if chunk.choices else None  # a chat choice's delta; a completion's has none
+        delta = choice.delta if choice is not None and "delta" in type(choice).model_fields else None
         done = 0 if delta is not None and delta.role and not delta.content else completion_tokens
         chunk.usage = CompletionUsage(
             prompt_tokens=prompt_tokens, completion_tokens=done, total_tokens=prompt_tokens + done
