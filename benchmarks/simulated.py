@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.config import SimulatedSettings
-from serve_app.engines.base import GenerationRequest, SamplingOptions
+from serve_app.engines import GenerationRequest, SamplingOptions
 from serve_app.engines.simulated import SimulatedEngine
 
 from .overhead import _serve_batch_outside_a_replica

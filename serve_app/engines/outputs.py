@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .base import GenerationRequest
+    from .requests import GenerationRequest
 
 
 @dataclass(frozen=True)

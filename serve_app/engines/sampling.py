@@ -9,7 +9,8 @@ from dataclasses import asdict
 from typing import Any
 
 from ..errors import RequestError
-from .base import SamplingOptions, TokenLogprob
+from .outputs import TokenLogprob
+from .requests import SamplingOptions
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ..base import GenerationOutput, GenerationRequest
+from ..outputs import GenerationOutput
+from ..requests import GenerationRequest
 
 CHARS_PER_TOKEN = 4
 PREFIX = "[simulated] "
