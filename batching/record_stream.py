@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic
 
+from .errors import BatcherStoppedError
 from .protocols import ResultT
 
 __all__ = ["RecordStream"]
@@ -36,10 +37,21 @@ class RecordStream(Generic[ResultT]):
     must stay apart), a consumer that fell behind takes the outputs waiting for it as one: each costs its
     consumer (a chunk on a socket) what one costs, however few tokens it carries. Nothing waits to be joined
     unless ``interval_s`` paces the consumer: an output that comes within it of the last one taken waits for it
-    to pass (or for the stream's end), joined with what comes meanwhile.
+    to pass (or for the stream's end), joined with what comes meanwhile. :meth:`admitted` waits for the record's
+    admission, for a consumer that runs the work itself while the record holds its place in the budget.
     """
 
-    __slots__ = ("_buffer", "_cancel", "_coalesce", "_ended", "_interval", "_next_at", "_pacing", "_waiter")
+    __slots__ = (
+        "_admitted",
+        "_buffer",
+        "_cancel",
+        "_coalesce",
+        "_ended",
+        "_interval",
+        "_next_at",
+        "_pacing",
+        "_waiter",
+    )
 
     def __init__(
         self,
@@ -55,6 +67,7 @@ class RecordStream(Generic[ResultT]):
         self._interval = interval_s if coalesce is not None else 0.0
         self._next_at = 0.0
         self._pacing = False
+        self._admitted = False
 
     # -- producer side (the batcher) ----------------------------------------------------------------
 
@@ -72,12 +85,34 @@ class RecordStream(Generic[ResultT]):
             self._push(_END if error is None else _Failure(error))
             self._ended = True
 
+    def _admit(self) -> None:
+        self._admitted = True
+        if self._waiter is not None:
+            _wake(self._waiter)
+
     # -- consumer side ------------------------------------------------------------------------------
 
     @property
     def done(self) -> bool:
         """Whether the stream has ended (finished, failed or withdrawn)."""
         return self._ended
+
+    def failure(self) -> BaseException | None:
+        """The error the stream ended with (the record failed or was withdrawn, the batcher stopped), else None."""
+        last = self._buffer[-1] if self._ended and self._buffer else None
+        return last.error if isinstance(last, _Failure) else None
+
+    async def admitted(self) -> None:
+        """Wait until the record is admitted (it runs from then on), or raise what ended it before that
+        (:class:`~batching.BatcherStoppedError` if the batcher stopped or the record was withdrawn)."""
+        while not self._admitted:
+            if self._ended:
+                raise self.failure() or BatcherStoppedError("the record ended before it was admitted")
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
 
     def __aiter__(self) -> RecordStream[ResultT]:
         return self

@@ -199,6 +199,8 @@ class RecordScheduler(BaseBatcher):
         occupancy = self._inflight_cost / self._budget
         self._stats.admit(ticket.cost, now - ticket.enqueued_at, occupancy, len(self._running), ticket.tenant)
         ticket.task = self._loop.create_task(self._run(ticket))
+        if isinstance(ticket.sink, RecordStream):
+            ticket.sink._admit()
 
     def _release(self, ticket: Ticket) -> None:
         """Return a running record's cost to the budget (once) and admit what now fits."""

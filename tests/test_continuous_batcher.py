@@ -1156,3 +1156,22 @@ def test_waits_in_range_are_kept():
     batcher = ContinuousBatcher(lambda r: r, max_wait_s=0, max_queue_wait_s=1.5)
     assert (batcher._max_wait, batcher._max_queue_wait) == (0.0, 1.5)
     assert ContinuousBatcher(lambda r: r, max_queue_wait_s=None)._max_queue_wait is None
+
+
+async def test_a_streams_reader_can_wait_for_its_admission_and_see_why_it_ended():
+    engine = FakeEngine()
+    batcher = ContinuousBatcher(engine.generate, max_inflight_cost=10, max_inflight=1)
+    await batcher.start()
+    running = batcher.stream_nowait(Req("running", 0, tokens=1, hold=True))
+    queued = batcher.stream_nowait(Req("queued", 0, tokens=1))
+    await asyncio.wait_for(running.admitted(), 10)  # admitted at once: it runs
+    waiting = asyncio.ensure_future(queued.admitted())
+    await until(lambda: engine.started == ["running"])
+    assert not waiting.done() and running.failure() is None  # the queued one waits for the running one's place
+    await queued.aclose()  # withdrawn while queued: its admission never comes, and it says why
+    with pytest.raises(BatcherStoppedError, match="withdrawn"):
+        await asyncio.wait_for(waiting, 10)
+    assert isinstance(queued.failure(), BatcherStoppedError)
+    await batcher.stop(timeout=0.01)
+    assert isinstance(running.failure(), BatcherStoppedError)  # stopped while it ran
+    await running.admitted()  # it was admitted, whatever ended it later

@@ -202,6 +202,7 @@ async def test_a_reader_that_fell_behind_gets_the_waiting_deltas_as_one():
         outputs = generator.run([request])
         first = (await anext(outputs))[1]
         await wait_for(lambda: generator.batcher.stats.total_completed == 1, 10, "the engine to finish the request")
+        assert generator.batcher.stats.in_flight == 0  # its place is free while its reader is away
         rest = [output async for _, output in outputs]
         joined, result = rest  # the five deltas that waited came as one, the result apart
         assert (first.output_tokens, joined.output_tokens) == (1, 6) and isinstance(result, GenerationResult)
@@ -383,3 +384,35 @@ async def test_a_cancel_from_elsewhere_is_not_taken_for_the_deadline():
     with pytest.raises(asyncio.CancelledError):
         await waiting
     deadline.cancel()
+
+
+async def test_outputs_that_no_one_reads_free_their_place_soon_after_admission():
+    """Each request's own task reads the engine while the batcher holds its place (the default on an engine that
+    tracks its requests); a caller that drops ``run()``'s outputs unread would hold the place for ever."""
+    generator = core(simulated={"step_s": 0.001})
+    await generator.start()
+    try:
+        (request,) = await prompts(generator, ["never read"], max_tokens=4)
+        generator.run([request])  # dropped unread
+        await wait_for(lambda: generator.batcher.stats.total_failed == 1, 10, "the place to be freed", interval=0.05)
+        assert generator.batcher.stats.in_flight == 0 and generator.engine.stats()["requests"] == 0
+        (request,) = await prompts(generator, ["read"], max_tokens=4)
+        assert (await generator.complete([request]))[0].output_tokens == 4
+    finally:
+        await generator.stop()
+
+
+async def test_a_stop_that_times_out_ends_each_reader_with_the_batchers_error():
+    from batching import BatcherStoppedError
+
+    generator = core(simulated={"step_s": 0.02})
+    await generator.start()
+    requests = await prompts(generator, ["long", "longer"], max_tokens=500)
+    task = asyncio.ensure_future(generator.results(requests))
+    await wait_for(lambda: generator.engine.stats()["running"] == 2, 10, "both to run", interval=0.01)
+    await generator.batcher.stop(timeout=0.01)
+    with pytest.raises(BatcherStoppedError):
+        await asyncio.wait_for(task, 10)
+    await wait_for(lambda: generator.engine.stats()["running"] == 0, 10, "the engine to abort both", interval=0.01)
+    assert generator.engine.stats()["aborts"] == 2 and generator.batcher.stats.in_flight == 0
+    await generator.stop()

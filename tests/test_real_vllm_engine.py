@@ -326,6 +326,35 @@ def test_an_engine_abort_while_its_caller_waits_is_a_failure_never_a_finish(core
     assert result.output_tokens < 400
 
 
+def test_a_reader_that_stalls_frees_its_place_once_vllm_has_finished_and_then_gets_the_rest_joined(core, loop):
+    """Each request's own task reads vLLM's stream while the batcher holds its place: a reader away (a slow client)
+    does not keep the place after vLLM has finished, and then takes what waited in vLLM's output collector."""
+    from serve_app.engines import GenerationDelta, GenerationResult
+    from serve_app.openai.common import SamplingFields
+
+    from .waits import wait_for
+
+    async def scenario():
+        assert core.engine.tracks_requests and core._in_place
+        builder = core.requests
+        sampling = builder.sampling(SamplingFields(max_tokens=24, ignore_eos=True))
+        (request,) = await builder.prompts(["Count from one to twenty:"], sampling)
+        completed = core.batcher.stats.total_completed
+        outputs = core.run([request])
+        _, first = await outputs.__anext__()
+        await wait_for(lambda: not core.engine.running(request.request_id), 60, "vLLM to finish it", interval=0.05)
+        await wait_for(lambda: core.batcher.stats.total_completed == completed + 1, 10, "its place freed", 0.05)
+        in_flight = core.batcher.stats.in_flight
+        return first, [output async for _, output in outputs], in_flight
+
+    first, rest, in_flight = loop.run_until_complete(scenario())
+    assert in_flight == 0
+    joined, result = rest  # what waited came as one delta, the result apart
+    assert isinstance(first, GenerationDelta) and isinstance(joined, GenerationDelta)
+    assert isinstance(result, GenerationResult) and result.output_tokens == 24
+    assert first.text + joined.text == result.text and first.token_ids + joined.token_ids == result.token_ids
+
+
 def test_the_engine_computes_in_bfloat16_only_where_the_cpu_multiplies_it_in_hardware(engine):
     from serve_app.engines.cpu import NATIVE_BF16_FLAGS, cpu_dtype, cpu_flags
 

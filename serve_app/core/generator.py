@@ -17,10 +17,11 @@ dead, the replica stopping, ``request_timeout_s``) is raised.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from batching import BatcherStoppedError, ContinuousBatcher, TokenBatcher
+from batching import BatcherStoppedError, ContinuousBatcher, RecordStream, TokenBatcher
 
 from ..config import AUTO_FALLBACK_TOKENS, AppConfig, BatcherSettings
 from ..engines import (
@@ -37,7 +38,7 @@ from ..openai.common import Origin, SamplingFields
 from .base import Core, Observer
 from .requests import INTERACTIVE, RequestBuilder, parse
 from .rows import answer_rows, generation_error_row
-from .streams import FutureStream, merge
+from .streams import FutureStream, Place, in_background, merge
 
 FATAL = (EngineDeadError, BatcherStoppedError)
 """Failures of the whole request (then retried elsewhere), not of one prompt."""
@@ -66,6 +67,8 @@ class Generator(Core[AppConfig, BatcherSettings]):
     def __init__(self, config: AppConfig, observer: Observer | None = None) -> None:
         engine = build_engine(config)
         self.requests = RequestBuilder(engine, config)
+        self._places: dict[str, Place] = {}  # requests queued to be read in place, by id, until admitted
+        self._in_place = False  # whether the batcher only admits requests, whose own tasks read the engine
         super().__init__(config, engine, observer)
 
     async def set_runtime_adapters(self, runtime: dict[str, str]) -> None:
@@ -93,7 +96,10 @@ class Generator(Core[AppConfig, BatcherSettings]):
         size = engine.prefix_block_size() if settings.shared_prefixes else None
         if size:  # a shared prompt's blocks count once, as the engine's prefix cache holds them once
             kwargs.update(prefix_fn=lambda request: request.prefix_blocks(size), block_cost=size)
-        return ContinuousBatcher(self._process_one, progress_fn=progress, coalesce_fn=coalesce, **kwargs)
+        # Read in place where the batcher needs no output but the first: no peak estimate, no pacing.
+        self._in_place = engine.tracks_requests and not (settings.peak_estimate or settings.stream_interval_s)
+        process = self._hold if self._in_place else self._process_one
+        return ContinuousBatcher(process, progress_fn=progress, coalesce_fn=coalesce, **kwargs)
 
     async def _process_batch(self, batch: list[GenerationRequest]) -> list[GenerationResult]:
         """Batch mode: one batch into the engine."""
@@ -106,13 +112,68 @@ class Generator(Core[AppConfig, BatcherSettings]):
         async for output in self.engine.stream(request):
             yield output
 
+    async def _hold(self, request: GenerationRequest) -> AsyncIterator[str]:
+        """Continuous mode, read in place: an admitted request's place, held while its reader reads the engine
+        (:meth:`_read`). If the batcher withdraws it (a stop timed out), the engine aborts it and the reader ends."""
+        place = self._places.pop(request.request_id)
+        self._started([request], batch=False)
+        try:
+            async for marker in place.hold(lambda: self.engine.running(request.request_id)):
+                yield marker
+        except asyncio.CancelledError:
+            if not place.done:
+                in_background(self.engine.abort(request.request_id))
+            raise
+
+    async def _read(self, request: GenerationRequest, record: RecordStream, place: Place) -> AsyncIterator[Any]:
+        """Read in place: once the batcher admits ``request``, its engine stream, read in the caller's own task; an
+        abort that the batcher's withdrawal caused ends it with the batcher's error. Leaving early withdraws it."""
+        place.reading = True
+        outputs = self.engine.stream(request)
+        done = False
+        try:
+            await record.admitted()
+            first = True
+            async for output in outputs:
+                if first:
+                    place.started()
+                    first = False
+                if output.__class__ is GenerationResult:
+                    place.end()
+                    done = True
+                    failure = record.failure() if output.finish_reason == "abort" else None
+                    if failure is not None:
+                        raise failure
+                yield output
+        except Exception as exc:
+            if not done:
+                place.end(exc)
+                done = True
+            raise
+        finally:
+            self._places.pop(request.request_id, None)
+            await outputs.aclose()
+            if not done:
+                place.end()
+                await record.aclose()
+
     # -- The one path --------------------------------------------------------------------------------------
 
     def run(self, requests: list[GenerationRequest]) -> AsyncIterator[tuple[int, GenerationOutput]]:
         """Queue ``requests``, all or none (a full queue raises :class:`~batching.QueueFullError` at once), and
         yield their outputs as ``(index, output)`` as they come; each request ends with its result. Leaving the
         iteration early withdraws or aborts what has not finished."""
-        if isinstance(self.batcher, ContinuousBatcher):
+        if isinstance(self.batcher, ContinuousBatcher) and self._in_place:
+            places = {request.request_id: Place() for request in requests}
+            self._places.update(places)
+            try:
+                records = self._queue(self.batcher.stream_batch_nowait, requests)
+            except BaseException:
+                for request in requests:
+                    self._places.pop(request.request_id, None)
+                raise
+            streams = [self._read(r, record, places[r.request_id]) for r, record in zip(requests, records)]
+        elif isinstance(self.batcher, ContinuousBatcher):
             streams = self._queue(self.batcher.stream_batch_nowait, requests)
         else:
             futures = self._queue(self.batcher.submit_batch_nowait, requests)
@@ -121,8 +182,9 @@ class Generator(Core[AppConfig, BatcherSettings]):
 
     async def _outputs(self, requests: list[GenerationRequest], streams: list[Any]) -> AsyncIterator[Any]:
         with self._holding(len(requests)) as finished:
+            merged = merge(streams, self.config.request_timeout_s)
             try:
-                async for index, output in merge(streams, self.config.request_timeout_s):
+                async for index, output in merged:
                     if isinstance(output, FATAL):
                         raise output
                     if isinstance(output, BaseException):  # this request failed alone (its batch failed, ...)
@@ -134,6 +196,7 @@ class Generator(Core[AppConfig, BatcherSettings]):
                         finished[0] += 1
                     yield index, output
             finally:
+                await merged.aclose()  # first: its tasks no longer read the streams
                 for stream in streams:
                     await stream.aclose()
 

@@ -1,5 +1,6 @@
-"""Request output streams: merging several into one (a request with many prompts or ``n`` choices), and a
-batch-mode future seen as a one-output stream, so both batcher modes share one request path."""
+"""Request output streams: merging several into one (a request with many prompts or ``n`` choices), a batch-mode
+future seen as a one-output stream, so both batcher modes share one request path, and a request's place in the
+continuous batcher while its own task reads the engine."""
 
 from __future__ import annotations
 
@@ -9,6 +10,68 @@ from typing import Any
 
 _END = object()
 _background: set[asyncio.Task] = set()
+
+CHECK_S = 1.0
+"""How often a place whose reader has not finished asks the engine whether it still runs the request."""
+
+
+def in_background(awaitable: Awaitable[Any]) -> None:
+    """Run ``awaitable`` as a task of its own, kept until it ends."""
+    task = asyncio.ensure_future(awaitable)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+class Place:
+    """A request's place in the continuous batcher while the request's own task reads the engine's stream: the
+    batcher admits it and frees the place when it ends, and its outputs skip the batcher's task (a task switch and
+    a queue per output). The reader says when the first output came (:meth:`started`) and when it is done
+    (:meth:`end`); if it stalls (a slow client), the place is freed once the engine no longer runs the request, since
+    the engine keeps what its reader has not taken, and if no reader ever came (a caller that dropped its outputs
+    unread), soon after its admission."""
+
+    __slots__ = ("_done", "_first", "reading")
+
+    FIRST = "first output"
+    ENDED = "ended"
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._first: asyncio.Future = loop.create_future()
+        self._done: asyncio.Future = loop.create_future()
+        self.reading = False  # set by the reader as it starts
+
+    @property
+    def done(self) -> bool:
+        return self._done.done()
+
+    def started(self) -> None:
+        if not self._first.done():
+            self._first.set_result(None)
+
+    def end(self, error: BaseException | None = None) -> None:
+        """The reader is done (``error``: it failed); the place is freed."""
+        self.started()
+        if not self._done.done():
+            self._done.set_result(error)
+
+    async def hold(self, running: Callable[[], bool]) -> AsyncIterator[str]:
+        """The batcher's record for the request: :attr:`FIRST` with its first output, :attr:`ENDED` once its reader
+        is done or ``running()`` says the engine no longer runs it; raises what the reader failed with, or if no
+        reader started within :data:`CHECK_S`."""
+        while not self._first.done():
+            await asyncio.wait((self._first,), timeout=CHECK_S)
+            if not (self._first.done() or self.reading):
+                raise RuntimeError("no one read it: its caller never took its outputs")
+        yield self.FIRST
+        while not self._done.done():
+            await asyncio.wait((self._done,), timeout=CHECK_S)
+            if not self._done.done() and not running():
+                break
+        error = self._done.result() if self._done.done() else None
+        if error is not None:
+            raise RuntimeError(f"its reader failed: {error!r}") from error
+        yield self.ENDED
 
 
 class FutureStream:
@@ -37,9 +100,7 @@ class FutureStream:
         self._closed = True
         if not self._future.done() or self._future.cancelled():
             self._future.cancel()
-            task = asyncio.get_running_loop().create_task(self._abort(self._request_id))
-            _background.add(task)
-            task.add_done_callback(_background.discard)
+            in_background(self._abort(self._request_id))
 
 
 class Deadline:
@@ -135,3 +196,4 @@ async def merge(streams: Sequence[Any], timeout_s: float) -> AsyncIterator[tuple
         deadline.cancel()
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # their streams closed, not running, once it ends

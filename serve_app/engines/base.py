@@ -54,6 +54,10 @@ class Engine(abc.ABC):
     max_model_len: int
     adapter_slots: int = 0
     """How many LoRA adapters it holds loaded at most (what :meth:`loaded_adapters` lists); 0: it serves none."""
+    tracks_requests: bool = False
+    """Whether :meth:`running` tells if it still runs a request, and its :meth:`stream` joins the deltas a reader that
+    fell behind has not taken (vLLM's output collector): then each request's own task reads its stream and the batcher
+    only admits it (see :class:`~serve_app.core.streams.Place`)."""
 
     def check_sampling(self, sampling: SamplingOptions) -> None:
         """Raise :class:`RequestError` naming the field for sampling this engine cannot honour, before the request
@@ -149,6 +153,10 @@ class Engine(abc.ABC):
         if not isinstance(result, GenerationResult):
             raise RuntimeError(f"the {self.name} engine's stream ended without a final result")
         return result
+
+    def running(self, request_id: str) -> bool:
+        """Whether it still runs ``request_id`` (started, not finished or aborted), where :attr:`tracks_requests`."""
+        raise NotImplementedError(f"the {self.name} engine does not track its requests")
 
     def kv_cache_tokens(self) -> int | None:
         """How many tokens the engine's KV cache holds (sizes an ``auto`` in-flight budget); None: unknown."""

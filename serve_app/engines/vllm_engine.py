@@ -112,6 +112,8 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             self.close()
             raise
         self._counts = {"requests": 0, "aborts": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0}
+        self._running = getattr(self._llm.output_processor, "external_req_ids", None)  # request id -> vLLM's ids
+        self.tracks_requests = self._running is not None
 
     async def _tokenize(self, prompts: list[Any], **params: Any) -> list[Any]:
         return await tokenize_prompts(self._llm, prompts, **params)
@@ -290,6 +292,10 @@ class VLLMEngine(AsyncLLMLifecycle, Engine):
             return []
         held = await self._llm.list_loras()
         return [name for name, request in self._adapters.items() if request.lora_int_id in held]
+
+    def running(self, request_id: str) -> bool:
+        """vLLM's output processor holds the request: it drops it with the last output it hands its reader."""
+        return request_id in self._running  # type: ignore[operator]
 
     async def abort(self, request_id: str) -> None:
         if self._dead is None and self._llm is not None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ...config import SimulatedSettings
 from ..base import Engine, EngineDeadError, GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
+from ..outputs import coalesce
 from ..parsers import OutputParsers
 from .sequence import SimulatedSequence
 from .text import SimulatedText
@@ -39,7 +40,7 @@ class SimulatedEngine(Engine):
         if self.text.tokenizer is not None:
             self.parsers = parsers.over(self.text.tokenizer) if parsers is not None else None
         self.max_model_len = settings.max_model_len
-        self.continuous = not settings.padded
+        self.continuous = self.tracks_requests = not settings.padded
         self._dead: str | None = None
         self._waiting: deque[SimulatedSequence] = deque()
         self._running: list[SimulatedSequence] = []
@@ -98,9 +99,16 @@ class SimulatedEngine(Engine):
         self._waiting.append(sequence)
         self._by_id[request.request_id] = sequence
         self._kick()
+        queue, later = sequence.outputs, None
         try:
             while True:
-                output = await sequence.outputs.get()
+                output, later = later if later is not None else await queue.get(), None
+                while output.__class__ is GenerationDelta and not queue.empty():  # a reader that fell behind
+                    later = queue.get_nowait()  # takes the deltas waiting as one, as vLLM's output collector has them
+                    joined = coalesce(output, later) if not isinstance(later, BaseException) else None
+                    if joined is None:
+                        break
+                    output, later = joined, None
                 if isinstance(output, BaseException):
                     raise output
                 yield output
@@ -113,6 +121,10 @@ class SimulatedEngine(Engine):
                 if sequence in self._waiting:
                     self._waiting.remove(sequence)
             self._by_id.pop(request.request_id, None)
+
+    def running(self, request_id: str) -> bool:
+        sequence = self._by_id.get(request_id)
+        return sequence is not None and not sequence.finished
 
     def _kick(self) -> None:
         if self._stepper is None or self._stepper.done():
