@@ -5,8 +5,11 @@ both stand on."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from serve_app.config import AppConfig
 from serve_app.core import Generator
@@ -416,3 +419,35 @@ async def test_a_stop_that_times_out_ends_each_reader_with_the_batchers_error():
     await wait_for(lambda: generator.engine.stats()["running"] == 0, 10, "the engine to abort both", interval=0.01)
     assert generator.engine.stats()["aborts"] == 2 and generator.batcher.stats.in_flight == 0
     await generator.stop()
+
+
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(st.text(max_size=12), min_size=1, max_size=6), chat=st.booleans(), n=st.integers(1, 2))
+def test_a_chunk_of_text_alone_is_the_event_its_models_make(texts, chat, n):
+    """A stream's chunks of text alone come from a template rendered once by the chunk's model: every event is the
+    one the chunk's models make, whatever the text holds (quotes, escapes, control characters, any script)."""
+    from serve_app.core.events import sse_events
+    from serve_app.openai.chat.format import ChatFormat
+    from serve_app.openai.common import sse
+    from serve_app.openai.completions import CompletionFormat
+
+    def fmt() -> Any:
+        made = ChatFormat("m", n=n) if chat else CompletionFormat("m", n=n)
+        made.id, made.created = "id", 1
+        return made
+
+    deltas = [(i % n, GenerationDelta(f"r{i % n}", text, i + 1)) for i, text in enumerate(texts)]
+
+    async def templated() -> list[str]:
+        async def outputs() -> Any:
+            for item in deltas:
+                yield item
+
+        return [event async for event in sse_events(outputs(), [], fmt(), [None] * n)]
+
+    by_models, made = [], fmt()
+    for index, delta in deltas:
+        chunks = made.chunks(index, delta)
+        if chunks:
+            by_models.append("".join(sse(chunk) for chunk in chunks))
+    assert asyncio.run(templated()) == by_models

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..engines import GenerationOutput, GenerationRequest, GenerationResult
+from ..engines import GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
 from ..openai.common import sse, stamp_usage
 from .generator import succeeded
 
@@ -30,7 +30,13 @@ async def sse_events(
     :class:`~serve_app.errors.GenerationError`); ``finish`` is awaited once every result is in, before the last
     events go out; ``continuous_usage``: each chunk carries its choice's usage so far."""
     named = fmt.named_events  # Responses' events are; a chunk's getattr of a field it lacks costs a raised error
+    text_event = None if continuous_usage else getattr(fmt, "text_event", None)  # a chunk of text alone, templated
     async for index, output in outputs:
+        if text_event is not None and output.__class__ is GenerationDelta:
+            event = text_event(index, output)
+            if event is not None:
+                yield event
+                continue
         if isinstance(output, GenerationResult):
             results[index] = succeeded(output, index)
             chunks = fmt.final_chunks(index, output)

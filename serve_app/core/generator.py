@@ -26,6 +26,7 @@ from batching import BatcherStoppedError, ContinuousBatcher, RecordStream, Token
 from ..config import AUTO_FALLBACK_TOKENS, AppConfig, BatcherSettings
 from ..engines import (
     EngineDeadError,
+    GenerationDelta,
     GenerationOutput,
     GenerationRequest,
     GenerationResult,
@@ -185,6 +186,9 @@ class Generator(Core[AppConfig, BatcherSettings]):
             merged = merge(streams, self.config.request_timeout_s)
             try:
                 async for index, output in merged:
+                    if output.__class__ is GenerationDelta:  # most outputs: nothing to look at
+                        yield index, output
+                        continue
                     if isinstance(output, FATAL):
                         raise output
                     if isinstance(output, BaseException):  # this request failed alone (its batch failed, ...)

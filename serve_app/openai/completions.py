@@ -12,7 +12,7 @@ from openai.types.completion_choice import Logprobs
 from pydantic import Field
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
-from .common import OpenAIRequest, new_id, usage
+from .common import TEXT_MARK, OpenAIRequest, TextEvent, new_id, usage
 from .fields import GENERATION_EXTENSIONS
 from .logprobs import clamp_logprob, named_by_id, vllm_prompt_logprobs
 from .types import Refusal, Text, TokenId
@@ -118,6 +118,7 @@ class CompletionFormat:
         self.id, self.created = new_id("cmpl"), int(time.time())
         self._started: set[int] = set()
         self._offsets: dict[int, int] = {}  # each choice's text so far, in characters (a stream's text_offset)
+        self._events: dict[int, TextEvent] = {}  # each choice's chunk of text alone, rendered once
 
     def _prefix(self, index: int) -> str:
         return self.echo[index // self.n] if self.echo else ""
@@ -199,6 +200,16 @@ class CompletionFormat:
         text = self._prefix(index) + text if first else text
         logprobs = self._choice_logprobs(index, delta, first)
         return [self._chunk(index, text, None, logprobs, **self._token_ids(index, delta, first))]
+
+    def text_event(self, index: int, delta: GenerationDelta) -> str | None:
+        """The event of :meth:`chunks`' one chunk where it is text alone (a choice's chunks after its first, without
+        log probabilities or token ids), from the choice's template; None otherwise."""
+        if self.logprobs is not None or self.prompt_ids is not None or self.echo_only or index not in self._started:
+            return None
+        event = self._events.get(index)
+        if event is None:
+            event = self._events[index] = TextEvent(self._chunk(index, TEXT_MARK, None))
+        return event(delta.text)
 
     def final_chunks(self, index: int, result: GenerationResult) -> list[Completion]:
         """The chunk that ends choice ``index``, with its finish reason (and the echoed prompt if nothing came

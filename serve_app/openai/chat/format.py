@@ -18,7 +18,7 @@ from openai.types.chat.chat_completion_token_logprob import TopLogprob
 
 from ...engines import GenerationDelta, GenerationResult, TokenLogprob
 from ...engines.parsers import OutputReader
-from ..common import new_id, usage
+from ..common import TEXT_MARK, TextEvent, new_id, usage
 from ..completions import finish_reason, stop_reason
 from ..logprobs import clamp_logprob, named_by_id, vllm_prompt_logprobs
 from ..tools import ToolCalls
@@ -91,6 +91,7 @@ class ChatFormat:
         self.id, self.created = new_id("chatcmpl"), int(time.time())
         self._started: set[int] = set()
         self._readers: dict[int, OutputReader] = {}
+        self._events: dict[int, TextEvent] = {}  # each choice's chunk of content alone, rendered once
 
     def _answer(self, result: GenerationResult) -> tuple[dict[str, str], str | None, list[Any], str]:
         """A choice's reasoning fields, content, tool calls and finish reason."""
@@ -175,6 +176,18 @@ class ChatFormat:
             thoughts, text, calls = self._delta(index, delta, finished=False)
             out += self._content(index, thoughts, text, calls, delta.logprobs, ids)
         return out
+
+    def text_event(self, index: int, delta: GenerationDelta) -> str | None:
+        """The event of :meth:`chunks`' one chunk where it is content alone (a choice's chunks after its role, with no
+        parser reading the output, no calls held back, no log probabilities or token ids), from the choice's
+        template; None otherwise."""
+        plain = self.reader is None and self.calls is None and self.top_logprobs is None and self.prompt_ids is None
+        if not (plain and delta.text and index in self._started):
+            return None
+        event = self._events.get(index)
+        if event is None:
+            event = self._events[index] = TextEvent(self._content(index, None, TEXT_MARK, [])[0])
+        return event(delta.text)
 
     def _content(
         self,
