@@ -428,8 +428,8 @@ def test_a_chunk_of_text_alone_is_the_event_its_models_make(texts, chat, n):
     one the chunk's models make, whatever the text holds (quotes, escapes, control characters, any script)."""
     from serve_app.core.events import sse_events
     from serve_app.openai.chat.format import ChatFormat
-    from serve_app.openai.common import sse
     from serve_app.openai.completions import CompletionFormat
+    from serve_app.openai.sse import sse
 
     def fmt() -> Any:
         made = ChatFormat("m", n=n) if chat else CompletionFormat("m", n=n)

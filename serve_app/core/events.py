@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..engines import GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
-from ..openai.common import sse, stamp_usage
+from ..openai.common import stamp_usage
+from ..openai.sse import sse
 from .generator import succeeded
 
 if TYPE_CHECKING:

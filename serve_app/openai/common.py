@@ -1,10 +1,9 @@
 """What the endpoints share: the sampling fields (OpenAI's and vLLM's extensions), the
-fields both OpenAI generation endpoints have, token usage, and Server-Sent Events framing."""
+fields both OpenAI generation endpoints have, and token usage (Server-Sent Events: :mod:`.sse`)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
@@ -13,14 +12,11 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, Header
 from openai.types import CompletionUsage
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
-from pydantic_core import to_json
 
 from ..engines import GenerationResult, StructuredOutputs
 from .fields import OpenAIModel
 from .structured import ResponseFormat, StructuredOutputsFields
 from .types import Priority, Refusal, Text, TokenId
-
-DONE = "data: [DONE]\n\n"
 
 
 class RepetitionDetection(BaseModel):
@@ -247,31 +243,6 @@ class OpenAIRequest(SamplingFields, OriginFields, OpenAIModel):
         """Whether each chunk of a stream carries its choice's usage so far (vLLM's ``continuous_usage_stats``,
         which takes ``include_usage`` too)."""
         return self.include_usage and bool(self.stream_options and self.stream_options.continuous_usage_stats)
-
-
-def sse(payload: Any, event: str | None = None) -> str:
-    """One Server-Sent Event carrying a JSON payload (a pydantic model or a dict), named where ``event`` is given
-    (the Responses API's events are)."""
-    data = payload.model_dump_json(exclude_unset=True) if hasattr(payload, "model_dump_json") else json.dumps(payload)
-    return f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n"
-
-
-TEXT_MARK = "\x00text\x00"
-"""The text a :class:`TextEvent`'s template is rendered with, where each chunk's text goes."""
-
-
-class TextEvent:
-    """The Server-Sent Event of a stream chunk that differs from others only in its text, rendered once by the chunk's
-    own model (``chunk``, made with :data:`TEXT_MARK` as its text): each such chunk then costs its text's JSON
-    (pydantic's encoder, as the model's) instead of models built and dumped, and is the string :func:`sse` makes."""
-
-    __slots__ = ("_head", "_tail")
-
-    def __init__(self, chunk: Any) -> None:
-        self._head, self._tail = sse(chunk).split(to_json(TEXT_MARK).decode())
-
-    def __call__(self, text: str) -> str:
-        return self._head + to_json(text).decode() + self._tail
 
 
 def new_id(kind: str) -> str:

@@ -12,9 +12,10 @@ from openai.types.completion_choice import Logprobs
 from pydantic import Field
 
 from ..engines import GenerationDelta, GenerationResult, TokenLogprob
-from .common import TEXT_MARK, OpenAIRequest, TextEvent, new_id, usage
+from .common import OpenAIRequest, new_id, usage
 from .fields import GENERATION_EXTENSIONS
 from .logprobs import clamp_logprob, named_by_id, vllm_prompt_logprobs
+from .sse import TEXT_MARK, TextEvent
 from .types import Refusal, Text, TokenId
 
 

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
 from ..errors import ERROR_TABLE, error_body, exception_body, retry_after, validation_error
-from ..openai.common import DONE, sse
+from ..openai.sse import DONE, sse
 
 logger = logging.getLogger("serve_app")
 

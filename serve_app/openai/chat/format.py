@@ -18,9 +18,10 @@ from openai.types.chat.chat_completion_token_logprob import TopLogprob
 
 from ...engines import GenerationDelta, GenerationResult, TokenLogprob
 from ...engines.parsers import OutputReader
-from ..common import TEXT_MARK, TextEvent, new_id, usage
+from ..common import new_id, usage
 from ..completions import finish_reason, stop_reason
 from ..logprobs import clamp_logprob, named_by_id, vllm_prompt_logprobs
+from ..sse import TEXT_MARK, TextEvent
 from ..tools import ToolCalls
 
 
