@@ -84,8 +84,9 @@ def client_argv(url: str, backend: str, folder: Path, concurrency: int, prompts:
 
 def measure_one(url: str, marker: str, backend: str, folder: Path, workdir: Path, concurrency: int, output_len: int):
     """One client run in its own subprocess; (status, metrics) with the CPU seconds the peer's processes spent per
-    1,000 output tokens, by role, over the client's measured phase: the ``duration`` it reports, ending when it
-    saved its result (a second or so late: the result is written after the metrics are computed)."""
+    1,000 output tokens, by role and by process name (``cpu_per_1k_by_process``), over the client's measured phase:
+    the ``duration`` it reports, ending when it saved its result (a second or so late: the result is written after
+    the metrics are computed)."""
     result = workdir / f"client-{backend}-{concurrency}-{time.monotonic_ns()}.json"
     argv = client_argv(url, backend, folder, concurrency, PROMPTS_PER_SLOT * concurrency, output_len)
     try:
@@ -94,11 +95,14 @@ def measure_one(url: str, marker: str, backend: str, folder: Path, workdir: Path
     except ClientFailed as exc:
         return str(exc), {}
     end = result.stat().st_mtime - time.time() + time.monotonic()  # the file's wall clock on the monotonic one
-    cpu = sampler.spent_between(end - float(raw.get("duration") or 0.0), end)
+    start = end - float(raw.get("duration") or 0.0)
+    cpu = sampler.spent_between(start, end)
     metrics = summarize(raw)
     tokens = raw.get("total_output_tokens") or 0
     for name, seconds in cpu.items():
         metrics[f"cpu_per_1k:{name}"] = 1000 * seconds / tokens if tokens else math.nan
+    by_process = sampler.by_name_between(start, end).items()
+    metrics["cpu_per_1k_by_process"] = {name: 1000 * s / tokens for name, s in by_process if s > 0} if tokens else {}
     metrics["serving_cpu_per_1k"] = 1000 * serving_cpu(cpu) / tokens if tokens else math.nan
     return run_status(metrics["failed"], metrics["errors"]), metrics
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.fast_engine.cli import page
-from benchmarks.fast_engine.cpu import ROLES, Sampler, role, snapshot, spent
+from benchmarks.fast_engine.cpu import ROLES, Sampler, name, role, snapshot, spent, spent_by_name
 from benchmarks.fast_engine.model import TINY, make_tiny_model
 from benchmarks.fast_engine.runs import (
     AS_VLLM,
@@ -79,6 +79,34 @@ def test_each_process_of_a_peer_has_its_role(title, expected):
     assert role(title) == expected and expected in ROLES
 
 
+@pytest.mark.parametrize(
+    ("title", "expected"),
+    [
+        ("ray::ServeController.listen_for_change", "ServeController"),  # a Ray worker's title names its method
+        ("ray::ServeReplica:llm:LLMServer", "ServeReplica:llm:LLMServer"),
+        ("VLLM::Worker", "VLLM::Worker"),
+        (
+            "/venv/bin/python -u /venv/lib/python3.11/site-packages/ray/_private/log_monitor.py --logs-dir=/tmp/x",
+            "log_monitor.py",
+        ),
+        ("/venv/bin/python /venv/bin/serve run /tmp/serve_config.yaml", "serve"),
+        (
+            "/venv/bin/python -m vllm.entrypoints.openai.api_server --model /tmp/tiny",
+            "vllm.entrypoints.openai.api_server",
+        ),
+        ("/venv/bin/python -B -c from multiprocessing.forkserver import main", "python -c"),
+        (
+            "ray-dashboard-NodeHead-0 (/venv/bin/python -B -c from multiprocessing.forkserver import main)",
+            "ray-dashboard-NodeHead-0",
+        ),
+        ("/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet --node_id=x", "raylet"),
+        ("", "?"),
+    ],
+)
+def test_each_process_has_a_short_name_by_its_command_line(title, expected):
+    assert name(title) == expected
+
+
 def test_the_cpu_a_marked_process_spends_is_counted_from_proc(tmp_path):
     """A child carrying the marker burns 0.3 s of CPU once told to (its own clock, not the wall's): the snapshots
     around the burn count that for it, less /proc's rounding to clock ticks, and nothing for any other process."""
@@ -127,7 +155,7 @@ def test_a_replicas_engine_is_told_by_parentage_whatever_its_title(tmp_path):
     )
     try:
         engine = int(parent.stdout.readline())
-        roles = {pid: name for (pid, _), (name, _) in snapshot(marker).items()}
+        roles = {pid: kind for (pid, _), (kind, _, _) in snapshot(marker).items()}
     finally:
         parent.stdin.close()
         parent.wait()
@@ -156,7 +184,7 @@ def test_a_process_below_a_marked_one_is_the_peers_even_where_its_environment_lo
     try:
         child = int(parent.stdout.readline())
         assert marker.encode() not in Path(f"/proc/{child}/environ").read_bytes()
-        roles = {pid: name for (pid, _), (name, _) in snapshot(marker).items()}
+        roles = {pid: kind for (pid, _), (kind, _, _) in snapshot(marker).items()}
     finally:
         parent.stdin.close()
         parent.wait()
@@ -164,23 +192,29 @@ def test_a_process_below_a_marked_one_is_the_peers_even_where_its_environment_lo
 
 
 def test_a_process_started_between_snapshots_counts_from_its_start_and_a_gone_one_not_at_all():
-    before = {(1, 10): ("replica", 5.0), (2, 20): ("engine", 7.0)}
-    after = {(1, 10): ("replica", 6.5), (3, 30): ("proxy", 0.25)}  # 2 ended; 3 is new; a reused pid is new too
+    before = {(1, 10): ("replica", "ServeReplica:llm:LLMServer", 5.0), (2, 20): ("engine", "VLLM::Worker", 7.0)}
+    after = {  # 2 ended; 3 and 4 are new (a reused pid is new too), two processes of one name
+        (1, 10): ("replica", "ServeReplica:llm:LLMServer", 6.5),
+        (3, 30): ("proxy", "haproxy", 0.25),
+        (4, 40): ("proxy", "haproxy", 0.5),
+    }
     assert spent(before, after) == {
         "engine": 0.0,
         "replica": 1.5,
-        "proxy": 0.25,
+        "proxy": 0.75,
         "api server": 0.0,
         "agent": 0.0,
         "other": 0.0,
     }
+    assert spent_by_name(before, after) == {"ServeReplica:llm:LLMServer": 1.5, "haproxy": 0.75}
 
 
 def test_a_window_is_counted_from_the_snapshots_just_outside_it():
     sampler = Sampler("unused")  # not started: its snapshots set by hand, one a second
     sampler.times = [10.0, 11.0, 12.0, 13.0]
-    sampler.snapshots = [{(1, 1): ("replica", float(cpu))} for cpu in (0, 2, 5, 9)]
+    sampler.snapshots = [{(1, 1): ("replica", "ServeReplica:llm:LLMServer", float(cpu))} for cpu in (0, 2, 5, 9)]
     assert sampler.spent_between(11.5, 12.5)["replica"] == 7.0  # from 11.0's snapshot to 13.0's
+    assert sampler.by_name_between(11.5, 12.5) == {"ServeReplica:llm:LLMServer": 7.0}
     assert sampler.spent_between(11.0, 12.0)["replica"] == 3.0  # snapshots at the bounds themselves
     assert sampler.spent_between(0.0, 99.0)["replica"] == 9.0  # beyond them: the first and the last
 
