@@ -82,18 +82,20 @@ def snapshot(marker: str) -> Snapshot:
 def spent(before: Snapshot, after: Snapshot) -> dict[str, float]:
     """CPU seconds by role between two snapshots (a process started between them counts from its start; one that
     ended between them is not counted)."""
-    out = dict.fromkeys(ROLES, 0.0)
-    for key, (kind, _, seconds) in after.items():
-        out[kind] += seconds - (before[key][2] if key in before else 0.0)
-    return out
+    return {**dict.fromkeys(ROLES, 0.0), **_summed(before, after, 0)}
 
 
 def spent_by_name(before: Snapshot, after: Snapshot) -> dict[str, float]:
     """CPU seconds by process name (:func:`name`; processes of one name summed), counted as :func:`spent`
     counts them."""
+    return _summed(before, after, 1)
+
+
+def _summed(before: Snapshot, after: Snapshot, field: int) -> dict[str, float]:
+    """Each process's CPU seconds between the snapshots, summed by its role (``field`` 0) or name (1)."""
     out: dict[str, float] = {}
-    for key, (_, called, seconds) in after.items():
-        out[called] = out.get(called, 0.0) + seconds - (before[key][2] if key in before else 0.0)
+    for key, entry in after.items():
+        out[entry[field]] = out.get(entry[field], 0.0) + entry[2] - (before[key][2] if key in before else 0.0)
     return out
 
 
