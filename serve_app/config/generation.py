@@ -148,6 +148,12 @@ class SimulatedSettings(Strict):
     max_num_seqs: int = Field(256, ge=1, description="sequences running at once (vLLM's max_num_seqs)")
     kv_cache_tokens: int = Field(65_536, ge=1, description="the simulated KV cache (sizes an `auto` budget)")
     padded: bool = Field(False, description="a static, padded batch engine instead of a continuous one")
+    prefix_caching: bool = Field(
+        False,
+        description="a prefix cache as vLLM's (on by default there): a prompt's leading 16-token blocks still held "
+        "from earlier prompts (at most `kv_cache_tokens`, the least recently used go) skip `prefill_s_per_token`, "
+        "and answers report them as cached tokens. Off: every prompt is prefilled whole",
+    )
     adapter_load_s: float = Field(
         0.0,
         ge=0.0,

@@ -13,6 +13,7 @@ from ...config import SimulatedSettings
 from ..base import Engine, EngineDeadError, GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
 from ..outputs import coalesce
 from ..parsers import OutputParsers
+from .prefix_cache import PrefixCache
 from .sequence import SimulatedSequence
 from .text import SimulatedText
 
@@ -47,7 +48,9 @@ class SimulatedEngine(Engine):
         self._by_id: dict[str, SimulatedSequence] = {}
         self._wake: asyncio.Event | None = None
         self._stepper: asyncio.Task | None = None
-        self._counts = {"batches": 0, "steps": 0, "requests": 0, "aborts": 0, "peak_running": 0, "adapter_loads": 0}
+        self._prefixes = PrefixCache(settings.kv_cache_tokens) if settings.prefix_caching else None
+        counts = ("batches", "steps", "requests", "aborts", "peak_running", "adapter_loads")
+        self._counts = dict.fromkeys((*counts, "prompt_tokens", "cached_prompt_tokens"), 0)
 
     async def encode(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         return [self.text.encode(text) for text in texts]  # its prompts carry no special tokens either way
@@ -135,7 +138,7 @@ class SimulatedEngine(Engine):
     def step_seconds(self, running: Sequence[SimulatedSequence]) -> float:
         """How long the cost model says one decode step over ``running`` takes."""
         s = self.settings
-        prefill = sum(len(q.request.prompt_token_ids) for q in running if not q.prefilled)
+        prefill = sum(len(q.request.prompt_token_ids) - (q.cached or 0) for q in running if not q.prefilled)
         context = sum(q.context() for q in running)
         return (
             s.step_s + s.step_s_per_seq * len(running) + s.step_s_per_token * context + s.prefill_s_per_token * prefill
@@ -171,6 +174,8 @@ class SimulatedEngine(Engine):
                     skipped.append(sequence)
                     continue
                 adapters.add(adapter)
+            if self._prefixes is not None:
+                sequence.cached = self._prefixes.admit(sequence.request.prompt_token_ids)
             running.append(sequence)
         self._waiting.extendleft(reversed(skipped))
 
@@ -224,8 +229,13 @@ class SimulatedEngine(Engine):
         text = "".join(sequence.token_text(i) for i in range(produced))
         request = sequence.request
         ids = tuple(sequence.token_id(i) for i in range(produced))
+        prompt = len(request.prompt_token_ids)
+        self._counts["prompt_tokens"] += prompt
+        self._counts["cached_prompt_tokens"] += sequence.cached or 0
         sequence.outputs.put_nowait(
-            GenerationResult(request.request_id, text, len(request.prompt_token_ids), produced, reason, token_ids=ids)
+            GenerationResult(
+                request.request_id, text, prompt, produced, reason, token_ids=ids, cached_tokens=sequence.cached
+            )
         )
 
     def _die(self, reason: str) -> None:

@@ -15,7 +15,18 @@ PREFIX = "[simulated] "
 class SimulatedSequence:
     """One request inside the simulated engine."""
 
-    __slots__ = ("aborted", "finished", "outputs", "prefilled", "produced", "request", "script", "sent", "words")
+    __slots__ = (
+        "aborted",
+        "cached",
+        "finished",
+        "outputs",
+        "prefilled",
+        "produced",
+        "request",
+        "script",
+        "sent",
+        "words",
+    )
 
     def __init__(self, request: GenerationRequest, script: list[tuple[str, int]] | None = None) -> None:
         self.request = request
@@ -24,6 +35,7 @@ class SimulatedSequence:
         self.produced = 0
         self.sent = 0  # tokens passed on in deltas so far
         self.prefilled = False
+        self.cached: int | None = None  # prompt tokens its engine's prefix cache held; None: no prefix cache
         self.finished = False
         self.aborted = False
         self.outputs: asyncio.Queue[GenerationOutput | BaseException] = asyncio.Queue()
