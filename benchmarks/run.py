@@ -6,8 +6,8 @@ written. The README's performance summary and ``docs/performance.md`` are edited
 outside this script (paired rounds, experiments) go to ``benchmarks/results/*-history.md``, which no run overwrites.
 
     python -m benchmarks.run [--quick] [--only overhead padding simulated serving e2e autoscale embeddings
-                                        routing routing_real routing_real_batches fairness tenancy batch_jobs
-                                        fast_engine]
+                                        routing routing_real routing_real_batches routing_prefixes fairness
+                                        tenancy batch_jobs fast_engine]
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ BENCHES: dict[str, Callable[[bool], str | None]] = {
     "routing": own_process("routing"),
     "routing_real": own_process("routing.real"),
     "routing_real_batches": own_process("routing.real", "--workload", "batches"),
+    "routing_prefixes": own_process("routing.prefixes"),
     "fairness": own_process("fairness"),
     "tenancy": own_process("tenancy"),
     "batch_jobs": own_process("batch_jobs"),

@@ -152,3 +152,36 @@ def test_varied_answers_are_drawn_per_turn_from_the_seed_and_fixed_ones_are_all_
     assert all(low <= n <= high for n in drawn) and len(set(drawn)) > 3  # drawn, not one length
     same = runs[0].keys() & runs[1].keys()
     assert len(same) >= prefix_load.CONVERSATIONS and all(runs[0][q] == runs[1][q] for q in same)  # seeded
+
+
+def test_the_simulated_fleets_app_is_valid_and_its_system_prompts_are_the_workloads():
+    from benchmarks.routing import prefixes
+    from serve_app.config import AppConfig
+    from serve_app.engines.simulated.text import SimulatedText
+
+    configs = {peer: AppConfig.model_validate(prefixes.app_args(peer, 4_096)) for peer in prefixes.PEERS}
+    assert all(c.simulated.prefix_caching and c.simulated.kv_cache_tokens == 4_096 for c in configs.values())
+    assert configs["tokens-noprefix"].routing.prefix_weight == 0 and configs["serve"].routing.router == "serve"
+    systems = prefixes.system_prompts()
+    assert len(systems) == prefix_load.CONVERSATIONS // prefix_load.SHARING == len(set(systems))
+    assert {len(SimulatedText.tokens(s)) for s in systems} == {prefix_load.SYSTEM_TOKENS}
+    assert prefixes.system_prompts() == systems  # seeded
+
+
+def test_the_simulated_fleets_rounds_become_medians_and_ratios_of_ttft():
+    from benchmarks.routing.prefixes import summary
+
+    def run(peer, k, p50, rates):
+        figures = {"turns": 10, "output_tok_s": 100.0, "ttft_p99_s": 2.0, "held_imbalance": 0.1}
+        return {"peer": peer, "round": k, "ttft_p50_s": p50, "hit_rates": rates, "failed": 0, **figures}
+
+    runs = [
+        run("tokens", 0, 1.0, [0.8, 0.9]),
+        run("tokens", 1, 2.0, [0.6, 0.7]),
+        run("serve", 0, 4.0, [0.4, 0.5]),
+        run("serve", 1, 2.0, [0.4, 0.3]),
+    ]
+    rows = {r["peer"]: r for r in summary(runs, ["tokens", "serve"])}
+    assert rows["tokens"]["p50_vs_serve"] == (0.25 + 1.0) / 2 and rows["serve"]["p50_vs_serve"] == 1.0
+    assert rows["tokens"]["hit_rate"] == (0.85 + 0.65) / 2 and rows["tokens"]["hit_rates"] == "0.60-0.90"
+    assert "p50_vs_noprefix" not in rows["tokens"]  # that peer did not run
