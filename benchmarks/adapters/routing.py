@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from ..lib.report import RESULTS, stamp, table
-from ..routing.cluster import ENGINE, REPLICAS, per_replica, start_cluster
+from ..routing.cluster import ENGINE, REPLICAS, in_rounds, per_replica
 
 ADAPTERS = ("w", "x", "y", "z")
 MAX_LOADED = 2
@@ -98,22 +98,8 @@ async def run_once(weight: float, seconds: float, seed: int) -> dict[str, Any]:
 
 async def measure(weights: list[float], rounds: int, seconds: float, seed: int = 11) -> list[dict[str, Any]]:
     """Every weight in every round (order reversed in odd rounds), on one cluster."""
-    cluster, _ = start_cluster()
-    import ray
-    from ray import serve
-
-    runs = []
-    try:
-        for k in range(rounds):
-            for weight in weights if k % 2 == 0 else weights[::-1]:
-                run = await run_once(weight, seconds, seed)
-                print({key: run[key] for key in ("weight", "tok_s", "loads_per_min", "ttft_p99_s")}, flush=True)
-                runs.append({**run, "round": k})
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
-    return runs
+    shown = ("weight", "tok_s", "loads_per_min", "ttft_p99_s")
+    return await in_rounds(weights, rounds, lambda weight: run_once(weight, seconds, seed), shown)
 
 
 COLUMNS = [

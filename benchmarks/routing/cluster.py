@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from harness.ports import free_port
@@ -91,6 +92,40 @@ async def per_replica(handle: Any, replicas: int, timeout_s: float = 60.0) -> di
     return seen
 
 
+async def sample_loads(actors: dict[str, Any], stop: asyncio.Event, start: float) -> list[tuple[float, list[float]]]:
+    """Every ``SAMPLE_S`` until ``stop``: the tokens each replica holds (its own report), by replica id's order, with
+    the seconds since ``start``."""
+    ids, samples = sorted(actors), []
+    while not stop.is_set():
+        reports = await asyncio.gather(*(actors[i].record_routing_stats.remote() for i in ids))
+        samples.append((time.monotonic() - start, [r["token_load"] for r in reports]))
+        await asyncio.sleep(SAMPLE_S)
+    return samples
+
+
+async def in_rounds(
+    variants: list[Any], rounds: int, run: Callable[[Any], Awaitable[dict[str, Any]]], shown: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """``run`` for every variant in every round (the order reversed in odd rounds) on one fresh cluster; each run's
+    figures with its ``round``, the ``shown`` ones printed as it ends."""
+    cluster, _ = start_cluster()
+    import ray
+    from ray import serve
+
+    runs = []
+    try:
+        for k in range(rounds):
+            for variant in variants if k % 2 == 0 else variants[::-1]:
+                figures = await run(variant)
+                print({key: figures[key] for key in shown}, flush=True)
+                runs.append({**figures, "round": k})
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
+    return runs
+
+
 # -- One run ------------------------------------------------------------------------------------------------
 
 
@@ -106,16 +141,8 @@ async def run_once(router: str, events: list[dict[str, Any]], base_url: str) -> 
     batches: list[dict[str, Any]] = []
     https: list[dict[str, Any]] = []
     errors: list[str] = []
-    samples: list[tuple[float, list[float]]] = []
     stop = asyncio.Event()
     start = time.monotonic()
-
-    async def sample() -> None:
-        ids = sorted(actors)
-        while not stop.is_set():
-            reports = await asyncio.gather(*(actors[i].record_routing_stats.remote() for i in ids))
-            samples.append((time.monotonic() - start, [r["token_load"] for r in reports]))
-            await asyncio.sleep(SAMPLE_S)
 
     async def stream(e: dict[str, Any]) -> None:
         sent, first, result = time.monotonic(), None, None
@@ -160,7 +187,7 @@ async def run_once(router: str, events: list[dict[str, Any]], base_url: str) -> 
         except Exception as exc:
             errors.append(f"http: {exc!r}"[:300])
 
-    sampler = asyncio.create_task(sample())
+    sampler = asyncio.create_task(sample_loads(actors, stop, start))
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
         tasks = []
         for e in events:
@@ -170,7 +197,7 @@ async def run_once(router: str, events: list[dict[str, Any]], base_url: str) -> 
         await asyncio.gather(*tasks)
     ended = time.monotonic() - start
     stop.set()
-    await sampler
+    samples = await sampler
     after = await per_replica(handle, REPLICAS)
     nodes = {rid: await asyncio.to_thread(node_of, actor) for rid, actor in actors.items()}
     await asyncio.to_thread(serve.delete, app)

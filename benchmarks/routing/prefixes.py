@@ -26,7 +26,7 @@ from harness.replicas import replica_actors
 from harness.stats import percentile
 
 from ..lib.report import RESULTS, stamp, table
-from .cluster import ENGINE, REPLICAS, SAMPLE_S, per_replica, start_cluster
+from .cluster import ENGINE, REPLICAS, in_rounds, per_replica, sample_loads
 from .prefix_load import ANSWER_TOKENS, CONVERSATIONS, SHARING, SYSTEM_TOKENS, TURNS, WORDS
 
 PEERS: dict[str, dict[str, Any]] = {
@@ -72,18 +72,9 @@ async def run_once(peer: str, seconds: float, kv_cache_tokens: int, seed: int = 
     )
     actors = replica_actors(app)
     before = await per_replica(handle, REPLICAS)
-    systems, turns, errors, held = system_prompts(), [], [], []
+    systems, turns, errors = system_prompts(), [], []
     stop = asyncio.Event()
     start = time.monotonic()
-
-    async def sample() -> None:
-        ids = sorted(actors)
-        while not stop.is_set():
-            reports = await asyncio.gather(*(actors[i].record_routing_stats.remote() for i in ids))
-            loads = [r["token_load"] for r in reports]
-            if sum(loads):
-                held.append((max(loads) - min(loads)) / sum(loads))
-            await asyncio.sleep(SAMPLE_S)
 
     async def client(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
@@ -107,11 +98,11 @@ async def run_once(peer: str, seconds: float, kv_cache_tokens: int, seed: int = 
                     break
                 messages.append({"role": "assistant", "content": answer["text"]})
 
-    sampler = asyncio.create_task(sample())
+    sampler = asyncio.create_task(sample_loads(actors, stop, start))
     await asyncio.gather(*(client(i) for i in range(CONVERSATIONS)))
     elapsed = time.monotonic() - start
     stop.set()
-    await sampler
+    held = [(max(loads) - min(loads)) / sum(loads) for _, loads in await sampler if sum(loads)]
     after = await per_replica(handle, REPLICAS)
     await asyncio.to_thread(serve.delete, app)
     rates = []
@@ -135,22 +126,8 @@ async def run_once(peer: str, seconds: float, kv_cache_tokens: int, seed: int = 
 
 async def measure(peers: list[str], rounds: int, seconds: float, kv_cache_tokens: int) -> list[dict[str, Any]]:
     """Every peer in every round (order reversed in odd rounds), on one cluster."""
-    cluster, _ = start_cluster()
-    import ray
-    from ray import serve
-
-    runs = []
-    try:
-        for k in range(rounds):
-            for peer in peers if k % 2 == 0 else peers[::-1]:
-                run = await run_once(peer, seconds, kv_cache_tokens)
-                print({key: run[key] for key in ("peer", "output_tok_s", "ttft_p50_s", "hit_rates")}, flush=True)
-                runs.append({**run, "round": k})
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
-    return runs
+    shown = ("peer", "output_tok_s", "ttft_p50_s", "hit_rates")
+    return await in_rounds(peers, rounds, lambda peer: run_once(peer, seconds, kv_cache_tokens), shown)
 
 
 COLUMNS = [
