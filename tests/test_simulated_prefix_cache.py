@@ -1,6 +1,6 @@
 """The SIMULATED engine's prefix cache (engines/simulated/prefix_cache.py, ``simulated.prefix_caching``): which prompt
 tokens it finds, what it forgets, what the cost model then charges, and what answers and statistics report. It is
-what makes the prefix score's effect show on the simulated fleet (``python -m benchmarks.routing prefixes``)."""
+what makes the prefix score's effect show on the simulated fleet (``python -m benchmarks.routing.prefixes``)."""
 
 from __future__ import annotations
 

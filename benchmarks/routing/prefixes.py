@@ -24,6 +24,7 @@ from typing import Any
 
 from harness.replicas import replica_actors
 from harness.stats import percentile
+from serve_app.engines.simulated.sequence import CHARS_PER_TOKEN
 
 from ..lib.report import RESULTS, stamp, table
 from .cluster import ENGINE, REPLICAS, in_rounds, per_replica, sample_loads
@@ -42,7 +43,6 @@ prefill to its decode steps with a mid-sized model. Slower than the routing benc
 time, not this machine's CPU running four replicas and the clients, sets the pace."""
 KV_CACHE_TOKENS = 8_192
 """Each engine's KV cache by default: two system prompts and their conversations fit one, the eight do not."""
-CHARS_PER_TOKEN = 4  # the simulated tokenizer's
 
 
 def system_prompts(seed: int = 7) -> list[str]:
