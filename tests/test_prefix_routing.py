@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.serving.routing.prefixes import PrefixIndex, prompt_text
+from serve_app.serving.routing.prefixes import PREFIX_CACHE_TOKENS, PrefixIndex, prompt_text
 from serve_app.serving.routing.request_cost import body_call
 
 from .test_routing import FakeReplica, request, route, router_with
@@ -40,12 +40,42 @@ def test_each_replica_keeps_its_most_recent_blocks_up_to_its_capacity_and_a_gone
     index.record("r0", old)
     assert index.matched("r0", old) == 3 and index.matched("r0", index.keys("aaaabbbbzzzz")) == 2
     assert index.matched("r1", old) == 0
-    index.record("r0", new)  # two more blocks: the two least recently used go
-    assert index.matched("r0", new) == 2 and index.matched("r0", old) == 0  # its first block went
+    index.record("r0", new)  # two more blocks: the two least recently used go, a prompt's tail before its head
+    assert index.matched("r0", new) == 2 and index.matched("r0", old) == 1  # as vLLM evicts: its head stays
     index.forget({"r0"})
     assert index.matched("r0", new) == 0 and index.replicas() == set()
     with pytest.raises(ValueError, match="block_chars"):
         PrefixIndex(block_chars=0)
+
+
+def test_a_replica_keeps_no_more_blocks_than_the_prefix_cache_it_reports():
+    index = PrefixIndex(block_chars=4, capacity_blocks=100)  # a block of 4 characters: 1 token
+    first, second = index.keys("aaaabbbbcccc"), index.keys("xxxxyyyyzzzz")
+    index.record("r0", first, cache_tokens=4)
+    index.record("r0", second, cache_tokens=4)
+    assert index.matched("r0", second) == 3 and index.matched("r0", first) == 1  # 4 blocks: first's tail went
+    index.record("r1", first, cache_tokens=None)  # no report: the index's own capacity
+    index.record("r1", second, cache_tokens=None)
+    assert index.matched("r1", first) == 3
+    index.record("r2", first, cache_tokens=0)  # no prefix cache: nothing to credit
+    assert index.matched("r2", first) == 0 and "r2" not in index.replicas()
+
+
+async def test_the_router_credits_only_what_a_replicas_reported_prefix_cache_can_still_hold():
+    """Two prompts routed to a replica whose engine's prefix cache holds less than both: the older one's head is
+    still credited there, its tail is not; a replica that reports no prefix cache is credited nothing."""
+    a = FakeReplica("a", 0)
+    router = await router_with(a, settle_s=0.0)
+    blocks = len(SYSTEM) // 64
+    a.routing_stats[PREFIX_CACHE_TOKENS] = (blocks + 10) * router._prefixes.block_tokens
+    first, second = request("generate", SYSTEM, max_tokens=4), request("generate", "x" * len(SYSTEM), max_tokens=4)
+    for pending in (first, second):
+        assert await route(router, pending) is a
+    assert router._prefixes.matched(a.replica_id, router.prefix_keys(second)) == blocks
+    assert router._prefixes.matched(a.replica_id, router.prefix_keys(first)) == 10
+    a.routing_stats[PREFIX_CACHE_TOKENS] = 0
+    assert await route(router, request("generate", SYSTEM, max_tokens=4)) is a
+    assert router._prefixes.matched(a.replica_id, router.prefix_keys(first)) == 0
 
 
 def test_a_prompt_is_read_as_text_a_chat_as_its_messages_in_turn():
@@ -144,3 +174,16 @@ async def test_a_request_is_booked_less_the_prefix_its_replica_holds_and_whole_w
     other = b if went is a else a
     router.on_request_routed(second, other.replica_id, None)  # but the other replica took it
     assert sorted(held()) == [cost, router.estimate_cost(second)]
+
+
+@pytest.mark.serve
+async def test_a_replica_reports_the_prefix_cache_its_engine_holds(deploy):
+    """What bounds the router's index for that replica: its engine's KV cache where it keeps a prefix cache (the
+    SIMULATED engine's opt-in one here), none where it does not."""
+    from harness.replicas import replica_actors
+
+    deploy("prefix-cache", simulated={"prefix_caching": True, "kv_cache_tokens": 4_096})
+    deploy("no-prefix-cache", simulated={"kv_cache_tokens": 4_096})
+    for app, tokens in [("prefix-cache", 4_096), ("no-prefix-cache", 0)]:
+        reports = [await actor.record_routing_stats.remote() for actor in replica_actors(app).values()]
+        assert [report[PREFIX_CACHE_TOKENS] for report in reports] == [tokens], reports

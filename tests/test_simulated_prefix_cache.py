@@ -30,6 +30,10 @@ def test_the_least_recently_used_blocks_go_once_the_cache_is_full():
     assert cache.admit(old) == 8
     cache.admit(new)  # its two blocks push both of old's out
     assert cache.admit(old) == 0 and cache.admit(old) == 8
+    cache = PrefixCache(capacity_tokens=12, block_tokens=4)  # three blocks
+    cache.admit(old)
+    cache.admit(new)  # two more blocks, one too many: old's tail goes first (vLLM frees blocks in reverse)
+    assert cache.admit(old) == 4
 
 
 def make_sequence(tokens: int, cached: int | None) -> SimulatedSequence:

@@ -152,7 +152,8 @@ class SimulatedSettings(Strict):
         False,
         description="a prefix cache as vLLM's (on by default there): a prompt's leading 16-token blocks still held "
         "from earlier prompts (at most `kv_cache_tokens`, the least recently used go) skip `prefill_s_per_token`, "
-        "and answers report them as cached tokens. Off: every prompt is prefilled whole",
+        "answers report them as cached tokens, and admission counts a prompt's blocks that requests in flight share "
+        "once (`batcher.shared_prefixes`). Off: every prompt is prefilled whole",
     )
     adapter_load_s: float = Field(
         0.0,

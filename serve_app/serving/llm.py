@@ -34,6 +34,7 @@ from .http import event_stream
 from .replica import Replica, make_api
 from .response_store import response_store, stored
 from .routing.adapters import ADAPTER_SLOTS, ADAPTERS
+from .routing.prefixes import PREFIX_CACHE_TOKENS
 
 logger = logging.getLogger("serve_app")
 
@@ -64,10 +65,17 @@ class LLMServer(HandleMethods, Replica):
             self._runtime_adapters = runtime
 
     async def record_routing_stats(self) -> dict[str, Any]:
-        """The replica's report, with the LoRA adapters its engine holds (the token router's adapter score)."""
+        """The replica's report, with the LoRA adapters its engine holds (the token router's adapter score) and how
+        many tokens its prefix cache holds (the prefix score's index keeps no more for it)."""
         engine = self.core.engine
         held = await engine.loaded_adapters()
-        return {**await super().record_routing_stats(), ADAPTERS: held, ADAPTER_SLOTS: engine.adapter_slots}
+        cache = engine.kv_cache_tokens() if engine.prefix_block_size() else 0  # None: unknown, no bound
+        return {
+            **await super().record_routing_stats(),
+            ADAPTERS: held,
+            ADAPTER_SLOTS: engine.adapter_slots,
+            PREFIX_CACHE_TOKENS: cache,
+        }
 
     # -- HTTP API --------------------------------------------------------------------------------------------
 

@@ -70,6 +70,9 @@ class SimulatedEngine(Engine):
     def kv_cache_tokens(self) -> int | None:
         return self.settings.kv_cache_tokens
 
+    def prefix_block_size(self) -> int | None:
+        return self._prefixes.block_tokens if self._prefixes is not None else None
+
     def max_running(self) -> int | None:
         return self.settings.max_num_seqs
 

@@ -31,13 +31,14 @@ class PrefixCache:
 
     def admit(self, token_ids: Sequence[int]) -> int:
         """A prompt entering the engine: how many of its tokens the cache holds (its leading blocks found, short of
-        its last token, which vLLM always computes); then all its blocks are held, the most recently used."""
+        its last token, which vLLM always computes); then all its blocks are held, the most recently used, its tail
+        to go first (vLLM frees a request's blocks in reverse, so that a shared head outlives the tails)."""
         keys, hit = self.keys(token_ids), 0
         for key in keys[: max(len(token_ids) - 1, 0) // self.block_tokens]:  # the blocks before its last token
             if key not in self._blocks:
                 break
             hit += 1
-        for key in keys:
+        for key in reversed(keys):
             self._blocks[key] = None
             self._blocks.move_to_end(key)
         while len(self._blocks) > self.capacity:

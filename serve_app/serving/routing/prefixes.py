@@ -8,7 +8,8 @@ How: an approximate index of what this router sent where. A prompt is read as te
 cut into blocks of ``block_chars`` characters; a block's key hashes it with every block before it (vLLM keys its KV
 blocks the same way, by token ids), so two prompts share a key only where they share everything up to it. Each
 replica keeps the keys it was sent in least-recently-used order, at most ``capacity_blocks`` of them (about what its
-KV cache holds: vLLM evicts its least recently used blocks too); a replica that leaves is forgotten.
+KV cache holds: vLLM evicts its least recently used blocks too), fewer where the replica reports a smaller prefix cache
+(:data:`PREFIX_CACHE_TOKENS`; none where it has no prefix cache); a replica that leaves is forgotten.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from collections.abc import Hashable, Iterable
 from typing import Any
 
 from .request_cost import CHARS_PER_TOKEN
+
+PREFIX_CACHE_TOKENS = "prefix_cache_tokens"
+"""A replica's report: the tokens its engine's prefix cache holds at most (its KV cache), 0 where it has none."""
 
 
 def prompt_text(prompt: Any) -> str | None:
@@ -86,16 +90,23 @@ class PrefixIndex:
             count += 1
         return count
 
-    def record(self, replica: Hashable, keys: list[int]) -> None:
+    def record(self, replica: Hashable, keys: list[int], cache_tokens: float | None = None) -> None:
         """``replica`` was sent a prompt of ``keys``: they are its most recently used, the oldest beyond its capacity
-        go."""
+        go (``capacity_blocks``, or what ``cache_tokens``, the prefix cache it reports, holds where that is less), a
+        prompt's tail before its head, as vLLM evicts them."""
+        capacity = self.capacity_blocks
+        if cache_tokens is not None:
+            capacity = min(capacity, int(cache_tokens / self.block_tokens))
+        if capacity < 1:
+            self._blocks.pop(replica, None)
+            return
         if not keys:
             return
         held = self._blocks.setdefault(replica, OrderedDict())
-        for key in keys:
+        for key in reversed(keys):
             held[key] = None
             held.move_to_end(key)
-        while len(held) > self.capacity_blocks:
+        while len(held) > capacity:
             held.popitem(last=False)
 
     def replicas(self) -> set[Hashable]:

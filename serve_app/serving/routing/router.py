@@ -32,7 +32,7 @@ from ray.serve.request_router import (
 from ..autoscaling import PROMPTS, TOKEN_BUDGET, TOKEN_LOAD
 from .adapters import AdapterIndex
 from .books import Ledger, Routed
-from .prefixes import PrefixIndex, prompt_text
+from .prefixes import PREFIX_CACHE_TOKENS, PrefixIndex, prompt_text
 from .reports import Reports
 from .request_cost import handle_prompt, pending_cost
 from .sessions import SessionIndex
@@ -63,7 +63,8 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             (0: no prefix score).
         prefix_max_share: the most the prefix score takes off a replica's load, as a share of its budget.
         prefix_block_chars: characters of a prompt block in the prefix index (vLLM's blocks hold 16 tokens).
-        prefix_capacity_blocks: the blocks the prefix index keeps for each replica (least recently used go).
+        prefix_capacity_blocks: the blocks the prefix index keeps for each replica (least recently used go), fewer
+            where the replica reports a smaller prefix cache.
         adapter_weight: what loading a LoRA adapter costs a replica, in tokens: added to the load of each replica
             that does not hold the request's adapter, twice where its adapter slots are full (0: no adapter score).
         base_model: the base model's name, which a request's ``model`` may give: no adapter.
@@ -256,7 +257,8 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         went = self._sessions.replica(session)
         ranked = self.rank(candidate_replicas, held, cost, cached, loading, went)  # type: ignore[arg-type]
         chosen = ranked[0].replica_id
-        self._prefixes.record(chosen, keys)
+        reported = self._reports.of(ranked[0]).get(PREFIX_CACHE_TOKENS)
+        self._prefixes.record(chosen, keys, reported if isinstance(reported, (int, float)) else None)
         self._sessions.sent(session, chosen, internal_id)
         if adapter is not None:
             self._adapters.sent(chosen, adapter, now)
