@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -13,6 +13,7 @@ from ...config import SimulatedSettings
 from ..base import Engine, EngineDeadError, GenerationDelta, GenerationOutput, GenerationRequest, GenerationResult
 from ..outputs import coalesce
 from ..parsers import OutputParsers
+from .adapters import AdapterSlots
 from .prefix_cache import PrefixCache
 from .sequence import SimulatedSequence
 from .text import SimulatedText
@@ -36,7 +37,7 @@ class SimulatedEngine(Engine):
         ``max_adapters``: the LoRA adapters it holds loaded and runs in one step (vLLM's ``max_loras``)."""
         self.settings = settings
         self.adapter_slots = max_adapters
-        self._held: OrderedDict[str, None] = OrderedDict()  # the adapters loaded, least recently used first
+        self._adapters = AdapterSlots(max_adapters)
         self.text = SimulatedText(settings, tokenizer)
         if self.text.tokenizer is not None:
             self.parsers = parsers.over(self.text.tokenizer) if parsers is not None else None
@@ -184,26 +185,15 @@ class SimulatedEngine(Engine):
 
     def _load_adapters(self, running: Sequence[SimulatedSequence]) -> int:
         """Load the adapters the step runs that the engine does not hold (the least recently used go); how many."""
-        loads = 0
-        for adapter in dict.fromkeys(q.request.sampling.adapter for q in running):
-            if adapter is None:
-                continue
-            if adapter in self._held:
-                self._held.move_to_end(adapter)
-                continue
-            self._held[adapter] = None
-            loads += 1
-            while len(self._held) > self.adapter_slots:
-                self._held.popitem(last=False)
+        loads = self._adapters.load(q.request.sampling.adapter for q in running)
         self._counts["adapter_loads"] += loads
         return loads
 
     async def loaded_adapters(self) -> list[str]:
-        return list(self._held)
+        return self._adapters.held()
 
     async def set_adapters(self, adapters: dict[str, str]) -> None:
-        for gone in [name for name in self._held if name not in adapters]:
-            del self._held[gone]
+        self._adapters.keep(adapters)
 
     def _advance(self, sequence: SimulatedSequence) -> None:
         request = sequence.request
