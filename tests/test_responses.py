@@ -121,6 +121,16 @@ def test_stored_responses_are_got_and_deleted_and_an_unknown_one_is_a_404(client
         client.responses.retrieve(unstored.id)
 
 
+def test_a_responses_id_names_the_replica_that_made_it(client):
+    """What the token router sends a follow-up (``previous_response_id``) back to that replica by."""
+    from harness.replicas import replica_actors
+    from serve_app.serving.routing.sessions import made_by
+
+    made = client.responses.create(model=MODEL, input=f"Hi {MARK}0", store=False)
+    replicas = replica_actors("scripted")
+    assert made_by(made.id, {name: name for name in replicas}) in replicas, (made.id, list(replicas))
+
+
 @pytest.mark.parametrize(
     "fields, status, param",
     [

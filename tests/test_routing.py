@@ -167,6 +167,9 @@ async def test_haproxys_route_calls_are_priced_from_the_body_as_the_handle_call_
     assert priced(chat) == 2 * (20 + 20)
     assert priced({"model": "m", "prompt": "x" * 400, "stream": True}) == 100 + 100  # the default max_tokens
     assert body_call({"input": "an embedding"}) == ("__call__", {})
+    responses = {"model": "m", "input": "x" * 400, "previous_response_id": "resp_1"}  # its routing fields alone
+    assert body_call(responses) == ("__call__", {"model": "m", "previous_response_id": "resp_1"})
+    assert priced(responses) == 128 + 100
     assert priced({"input": "x"}) == priced(None) == priced([1, 2]) == 128 + 100
 
 

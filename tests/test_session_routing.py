@@ -8,6 +8,7 @@ handle that builds Serve's real request metadata (no Ray)."""
 from __future__ import annotations
 
 import contextlib
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,7 +23,7 @@ from serve_app.config import AppConfig
 from serve_app.serving.ingress_router import IngressRouter, route_options
 from serve_app.serving.options import deployment_options
 from serve_app.serving.routing import TokenLoadRouter
-from serve_app.serving.routing.sessions import CAPACITY, SessionIndex
+from serve_app.serving.routing.sessions import CAPACITY, SessionIndex, made_by, replica_tag, response_id
 
 from .test_routing import BUDGET, FakeReplica, request, route, router_with
 
@@ -84,6 +85,16 @@ def test_a_session_follows_the_replica_that_took_its_newest_request_not_a_late_c
     assert index.replica("unknown") is None
 
 
+def test_a_response_id_names_the_replica_that_made_it():
+    made = response_id("b2kx9q1z")
+    assert made.startswith("resp_" + replica_tag("b2kx9q1z")) and len(made) == 37 and made != response_id("b2kx9q1z")
+    replicas = {"a7f3k0pq": "a", "b2kx9q1z": "b"}
+    assert made_by(made, replicas) == "b" and made_by(response_id("a7f3k0pq"), replicas) == "a"
+    assert made_by(response_id("gone0000"), replicas) is None  # a replica since replaced: tokens decide
+    for other in (None, 7, "resp_" + "0" * 32, "resp_" + "x" * 32, made + "0", made.upper()):
+        assert made_by(other, replicas) is None
+
+
 # -- Ranking -----------------------------------------------------------------------------------------------------
 
 
@@ -106,6 +117,23 @@ async def test_without_a_session_id_or_with_affinity_off_routing_is_by_tokens_al
     assert len(router._sessions) == 0
     with pytest.raises(ValueError, match="session_affinity"):
         await router_with(a, session_affinity="yes")
+
+
+async def test_a_responses_follow_up_goes_to_the_replica_that_made_the_response_it_continues():
+    """``b`` holds 400 tokens more than ``a``, but made the response the request continues: it is credited as a
+    session's replica is. A header's session decides where it has a replica; a handle's ``openai`` call is read."""
+    a, b = FakeReplica("a", 0), FakeReplica("b", 400)
+    router = await router_with(a, b, settle_s=0.0, tie_fraction=0, prefix_weight=0)
+    continues = {"model": "m", "previous_response_id": response_id("b")}
+    assert await route(router, request("__call__", **continues)) is b
+    body = {"model": "m", "input": "and then?", **continues}
+    assert await route(router, request("openai", "/v1/responses", body)) is b
+    assert await route(router, request("openai", "/v1/chat/completions", body)) is a  # not a Responses call
+    assert await route(router, request("__call__", model="m", previous_response_id="resp_unknown")) is a
+    await route(router, in_session("s", "generate", PROMPT))  # s to a
+    assert await route(router, in_session("s", "__call__", **continues)) is a
+    router = await router_with(a, b, settle_s=0.0, tie_fraction=0, prefix_weight=0, session_affinity=False)
+    assert await route(router, request("__call__", **continues)) is a
 
 
 async def test_the_session_and_prefix_credits_share_one_bound():
@@ -201,3 +229,5 @@ async def test_the_ingress_router_passes_the_clients_session_id_to_the_token_rou
     assert chosen["port"] == 9000 and router._sessions.replica("chat-7") == a.replica_id
     await post(b'{"prompt": "hi", "max_tokens": 4}')
     assert len(router._sessions) == 1  # no header: no session
+    follow_up = {"model": "m", "input": "and?", "previous_response_id": response_id("b")}
+    assert (await post(json.dumps(follow_up).encode()))["port"] == 9001  # the replica that made the response

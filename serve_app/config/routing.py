@@ -55,9 +55,10 @@ class RoutingSettings(Strict):
     session_affinity: bool = Field(
         True,
         description="`tokens`: a request of a session (the `x-session-id` header, a handle's "
-        "`options(session_id=...)`) goes back to the replica its session was last sent to, unless that replica "
-        "holds more than `prefix_max_share` of its budget beyond the others (the prefix score's guard); requests "
-        "without one are routed as before",
+        "`options(session_id=...)`) goes back to the replica its session was last sent to, and a Responses API "
+        "request without one that names a `previous_response_id` to the replica that made that response, unless that "
+        "replica holds more than `prefix_max_share` of its budget beyond the others (the prefix score's guard); "
+        "requests without either are routed as before",
     )
 
     @model_validator(mode="after")

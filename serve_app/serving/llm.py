@@ -35,6 +35,7 @@ from .replica import Replica, make_api
 from .response_store import response_store, stored
 from .routing.adapters import ADAPTER_SLOTS, ADAPTERS
 from .routing.prefixes import PREFIX_CACHE_TOKENS
+from .routing.sessions import response_id
 
 logger = logging.getLogger("serve_app")
 
@@ -124,7 +125,8 @@ class LLMServer(HandleMethods, Replica):
     @api.post("/v1/responses")
     async def http_responses(self, body: ResponsesRequest, key: KeyTenant) -> Response:
         """OpenAI's Responses API on the chat path; a stored response (``store``, the default) continues in a
-        request naming it (``previous_response_id``), on any replica."""
+        request naming it (``previous_response_id``), on any replica. Its id names this replica, which the token
+        router sends that request back to (:func:`.routing.sessions.response_id`)."""
         previous = body.previous_response_id
         history = (await stored(previous, "previous_response_id"))["conversation"] if previous else []
         try:
@@ -133,7 +135,8 @@ class LLMServer(HandleMethods, Replica):
             requests = await self.core.requests.chat_completion(chat)
         except RequestError as exc:
             raise responses_error(exc) from None
-        fmt = ResponsesFormat(body, self._chat_format(chat, requests))
+        made_here = response_id(serve.get_replica_context().replica_id.unique_id)
+        fmt = ResponsesFormat(body, self._chat_format(chat, requests), made_here)
 
         async def store(results: list[GenerationResult]) -> None:
             if body.store:

@@ -58,9 +58,10 @@ class ResponsesFormat:
 
     named_events = True  # each stream event is named by its type ("event: response.created")
 
-    def __init__(self, body: ResponsesRequest, chat: ChatFormat) -> None:
+    def __init__(self, body: ResponsesRequest, chat: ChatFormat, response_id: str | None = None) -> None:
+        """``response_id``: the Response's id (the caller's, which may say where it was made); default a random one."""
         self.body, self.chat = body, chat
-        self.id, self.created = _id("resp"), int(time.time())
+        self.id, self.created = response_id or _id("resp"), int(time.time())
         self.final: Response | None = None
         self._sequence = 0
         self._open: dict[str, tuple[int, Any]] = {}  # "reasoning" / "message": output index and item

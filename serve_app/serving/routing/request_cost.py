@@ -102,14 +102,24 @@ def http_cost(scope: dict[str, Any], default_max_tokens: int) -> float | None:
 def body_call(body: Any) -> tuple[str, dict[str, Any]]:
     """The handle call an HTTP body is priced as, and the keyword arguments that price it (:func:`handle_cost`):
     ``/generate``'s ``prompts`` as ``generate_batch``, chat ``messages`` as ``chat``, a completion's ``prompt`` as
-    ``generate``; anything else (unparsable, another route) as ``__call__``, which is priced at a constant."""
+    ``generate``; anything else (unparsable, another route) as ``__call__``, which is priced at a constant, with a
+    Responses API body's ``model`` and ``previous_response_id`` (the adapter score, session affinity)."""
     if not isinstance(body, dict):
         return "__call__", {}
     fields = {key: body[key] for key in COST_FIELDS if key in body}
     for key, method in (("prompts", "generate_batch"), ("messages", "chat"), ("prompt", "generate")):
         if key in fields:
             return method, fields
-    return "__call__", {}
+    return "__call__", {key: body[key] for key in ("model", "previous_response_id") if key in body}
+
+
+def previous_response(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The ``previous_response_id`` a call continues: a Responses body's under the ingress router, or the body of a
+    handle's ``openai("/v1/responses", body)``; None for any other call."""
+    if method == "openai":
+        url, body = (args[0] if args else kwargs.get("url")), (args[1] if len(args) > 1 else kwargs.get("body"))
+        return body.get("previous_response_id") if url == "/v1/responses" and isinstance(body, dict) else None
+    return kwargs.get("previous_response_id")
 
 
 def pending_cost(request: Any, default_max_tokens: int) -> float | None:

@@ -34,8 +34,8 @@ from .adapters import AdapterIndex
 from .books import Ledger, Routed
 from .prefixes import PREFIX_CACHE_TOKENS, PrefixIndex, prompt_text
 from .reports import Reports
-from .request_cost import handle_prompt, pending_cost
-from .sessions import SessionIndex
+from .request_cost import handle_prompt, pending_cost, previous_response
+from .sessions import SessionIndex, made_by
 
 if TYPE_CHECKING:
     from ray.serve._private.replica_result import ReplicaResult
@@ -68,7 +68,8 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         adapter_weight: what loading a LoRA adapter costs a replica, in tokens: added to the load of each replica
             that does not hold the request's adapter, twice where its adapter slots are full (0: no adapter score).
         base_model: the base model's name, which a request's ``model`` may give: no adapter.
-        session_affinity: credit the replica a request's session was last sent to, up to ``prefix_max_share``.
+        session_affinity: credit the replica a request's session was last sent to (or, without one, the replica
+            that made the Responses API response it continues), up to ``prefix_max_share``.
     """
 
     def initialize_state(
@@ -153,6 +154,13 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             return {}
         reports = {r.replica_id: self._reports.of(r) for r in replicas}
         return self._adapters.charges(reports, adapter, self.adapter_weight)  # type: ignore[return-value]
+
+    def made_it(self, replicas: Sequence[RunningReplica], request: PendingRequest) -> ReplicaID | None:
+        """The replica that made the Responses API response ``request`` continues (:func:`.sessions.made_by`)."""
+        if not self.session_affinity:
+            return None
+        previous = previous_response(request.metadata.call_method, request.args, request.kwargs)
+        return made_by(previous, {r.replica_id.unique_id: r.replica_id for r in replicas})
 
     def held_tokens(self, replica: RunningReplica, now: float) -> float | None:
         """Tokens ``replica`` holds: its last report, less what it counts that has completed since, plus what was
@@ -254,7 +262,7 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         adapter = self.adapter(pending_request)
         loading = self.loading(candidate_replicas, adapter)
         session = pending_request.metadata.session_id if self.session_affinity else ""
-        went = self._sessions.replica(session)
+        went = self._sessions.replica(session) or self.made_it(candidate_replicas, pending_request)
         ranked = self.rank(candidate_replicas, held, cost, cached, loading, went)  # type: ignore[arg-type]
         chosen = ranked[0].replica_id
         reported = self._reports.of(ranked[0]).get(PREFIX_CACHE_TOKENS)

@@ -7,6 +7,10 @@ history is stored on the server). The router credits that replica as it credits 
 bound (``prefix_max_share`` of its budget): a session stays while its replica holds no more than that share beyond
 the others, and moves with its request once it does.
 
+A Responses API follow-up (``previous_response_id``) without a session goes the same way to the replica that made
+the response it continues: each replica's response ids carry its tag (:func:`response_id`), since the answer that
+carries an id passes the router by (HAProxy or Serve's proxy carries it).
+
 How: the newest ``capacity`` sessions in least-recently-used order, each with its replica and the request that put
 it there (a replica's late confirmation of an older request does not move the session back); a replica that leaves
 takes its sessions with it. Sessions are keyed by the hash of their id, so a long header costs no memory here.
@@ -14,11 +18,42 @@ takes its sessions with it. Sessions are keyed by the hash of their id, so a lon
 
 from __future__ import annotations
 
+import hashlib
+import re
+import uuid
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
+from functools import lru_cache
+from typing import TypeVar
 
 CAPACITY = 10_000
 """Sessions remembered by default (the least recently routed go first)."""
+
+_RESPONSE_ID = re.compile(r"resp_([0-9a-f]{8})[0-9a-f]{24}")
+T = TypeVar("T")
+
+
+@lru_cache(maxsize=1_024)
+def replica_tag(replica: str) -> str:
+    """The 8 hex digits that the Responses API ids a replica makes start with (a hash of its Serve replica id)."""
+    return hashlib.sha1(replica.encode()).hexdigest()[:8]
+
+
+def response_id(replica: str) -> str:
+    """A Responses API id made on ``replica`` (its Serve replica id): ``resp_``, its tag, 24 random hex digits. A
+    follow-up naming it (``previous_response_id``) is then routed back to that replica, which holds the conversation
+    in its prefix cache: the router never sees the answer that carries the id, so the id itself says where it was
+    made."""
+    return f"resp_{replica_tag(replica)}{uuid.uuid4().hex[:24]}"
+
+
+def made_by(previous_response_id: object, replicas: Mapping[str, T]) -> T | None:
+    """Of ``replicas`` (by Serve replica id), the one that made ``previous_response_id``; None for none of them, or an
+    id not made by :func:`response_id`."""
+    found = _RESPONSE_ID.fullmatch(previous_response_id) if isinstance(previous_response_id, str) else None
+    if found is None:
+        return None
+    return next((replica for name, replica in replicas.items() if replica_tag(name) == found[1]), None)
 
 
 class SessionIndex:
