@@ -98,12 +98,54 @@ async def turn(
     return out
 
 
+async def responses_turn(
+    session: Any, url: str, given: list[dict[str, str]], previous: str | None, start: float, max_tokens: int
+) -> dict[str, Any]:
+    """One streamed Responses API turn: ``given`` (the turn's new messages) after the stored response ``previous``
+    (``previous_response_id``; the server holds the conversation so far); :func:`turn`'s figures, and the response's
+    ``id`` for the next turn."""
+    body = {"model": MODEL_NAME, "input": given, "max_output_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    body |= {"previous_response_id": previous} if previous else {}
+    sent = time.perf_counter()
+    out: dict[str, Any] = {"sent": sent - start, "ok": False, "tokens": 0, "ttft": None, "text": ""}
+    try:
+        async with session.post(f"{url}/v1/responses", json=body) as response:
+            if response.status != 200:
+                out["error"] = f"{response.status}: {(await response.text())[:200]}"
+                return out
+            async for event in sse_chunks(response):
+                kind = event.get("type")
+                if kind in ("error", "response.failed"):
+                    out["error"] = json.dumps(event)[:200]
+                if kind == "response.output_text.delta":
+                    if out["ttft"] is None:
+                        out["ttft"] = time.perf_counter() - sent
+                    out["text"] += event["delta"]
+                if kind in ("response.completed", "response.incomplete"):  # incomplete: max_output_tokens reached
+                    usage, out["id"] = event["response"]["usage"], event["response"]["id"]
+                    out["tokens"], out["prompt_tokens"] = usage["output_tokens"], usage["input_tokens"]
+                    out["cached_tokens"] = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+    except Exception as exc:  # a dropped connection is a failed turn, counted as such
+        out["error"] = repr(exc)[:200]
+        return out
+    if out.get("error") or "id" not in out:
+        out["error"] = out.get("error") or "the stream ended without its response"
+        return out
+    out |= {"ok": True, "e2e": time.perf_counter() - sent, "done": time.perf_counter() - start}
+    return out
+
+
+CLIENTS = ("chat", "sessions", "responses")
+"""How a conversation's turns are sent: chat completions with the whole conversation, the same with its own
+``x-session-id``, or Responses API turns that name the response before (the server holds the conversation)."""
+
+
 async def conversations(
-    url: str, systems: list[str], load_s: float, seed: int = 3, sessions: bool = False, varied: bool = False
+    url: str, systems: list[str], load_s: float, seed: int = 3, client: str = "chat", varied: bool = False
 ) -> list[dict[str, Any]]:
     """``CONVERSATIONS`` clients, each one conversation at a time on its group's system prompt, turn after turn,
-    until ``load_s`` has passed; every turn's outcome. ``sessions``: each conversation's turns carry its own
-    ``x-session-id``; ``varied``: each answer's length drawn from ``VARIED_ANSWERS``, not ``ANSWER_TOKENS``."""
+    until ``load_s`` has passed; every turn's outcome. ``client``: one of :data:`CLIENTS`; ``varied``: each answer's
+    length drawn from ``VARIED_ANSWERS``, not ``ANSWER_TOKENS``."""
     import aiohttp
 
     outcomes: list[dict[str, Any]] = []
@@ -111,25 +153,31 @@ async def conversations(
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as session:
         start = time.perf_counter()
 
-        async def client(index: int) -> None:
+        async def converse(index: int) -> None:
             rng = random.Random(seed * 1000 + index)
             system = systems[index // SHARING]
             started = 0
             while time.perf_counter() - start < load_s:
                 messages = [{"role": "system", "content": system}]
-                conversation = f"client-{index}-conversation-{started}" if sessions else None
+                conversation = f"client-{index}-conversation-{started}" if client == "sessions" else None
                 started += 1
+                previous = None  # the Responses client's: the response its next turn continues
                 for number in range(TURNS):
                     question = " ".join(rng.choice(WORDS) for _ in range(12))
                     messages.append({"role": "user", "content": f"Turn {number} of client {index}: {question}?"})
                     answer = rng.randint(*VARIED_ANSWERS) if varied else ANSWER_TOKENS
-                    outcome = await turn(session, url, messages, start, conversation, answer)
+                    if client == "responses":
+                        given = messages if previous is None else messages[-1:]
+                        outcome = await responses_turn(session, url, given, previous, start, answer)
+                        previous = outcome.get("id")
+                    else:
+                        outcome = await turn(session, url, messages, start, conversation, answer)
                     outcomes.append({**outcome, "turn": number, "client": index})
                     if not outcome["ok"] or time.perf_counter() - start >= load_s:
                         break
                     messages.append({"role": "assistant", "content": outcome["text"]})
 
-        await asyncio.gather(*(client(i) for i in range(CONVERSATIONS)))
+        await asyncio.gather(*(converse(i) for i in range(CONVERSATIONS)))
     return outcomes
 
 

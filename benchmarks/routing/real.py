@@ -73,6 +73,8 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
     "app-tokens-noprefix": ("app", {"routing": {"router": "tokens", "prefix_weight": 0}}),
     "app-tokens-guarded": ("app", {"routing": {"router": "tokens", "prefix_weight": 1, "prefix_max_share": 0.25}}),
     "app-tokens-sessions": ("app", {"routing": {"router": "tokens"}}),  # its client sends x-session-id
+    "app-tokens-responses": ("app", {"routing": {"router": "tokens"}}),  # its client: Responses API turns
+    "app-tokens-responses-noaffinity": ("app", {"routing": {"router": "tokens", "session_affinity": False}}),
     "app-serve": ("app", {"routing": {"router": "serve"}}),
     "app-tokens-nice19": ("app", {"routing": {"router": "tokens"}, "vllm": {"cpu_replica_niceness": 19}}),
     "app-serve-nice19": ("app", {"routing": {"router": "serve"}, "vllm": {"cpu_replica_niceness": 19}}),
@@ -84,11 +86,15 @@ PEERS: dict[str, tuple[str, dict[str, Any]]] = {
 PEER_ENV = {name: NO_HAPROXY for name in PEERS if name.endswith("-python-proxy")}
 """The app with Serve's Python proxy at the door instead of serve.env's HAProxy: the token router then runs in the
 proxy, as Serve's own routers do, instead of in an ingress router HAProxy asks first."""
-OPTIONAL = ("nice", "python-proxy")  # variants run when named, not by default
+OPTIONAL = ("nice", "python-proxy", "responses")  # variants run when named, not by default
 DEFAULT_WORKLOAD = "chats"  # its page is routing_real.md; another workload's is routing_real-<name>.md
 PREFIXES = "prefixes"  # the closed-loop conversations of prefix_load, not a schedule of WORKLOADS
 SESSION_PEERS = ("app-tokens-sessions",)
 """Peers whose client names each conversation in Serve's session header."""
+CLIENT = {**dict.fromkeys(SESSION_PEERS, "sessions"), **{p: "responses" for p in PEERS if "responses" in p}}
+"""The prefix workload's client of each peer that does not send chat completions (:data:`.prefix_load.CLIENTS`):
+the Responses peers' send each turn after the stored response before it (``previous_response_id``), so the router
+reads no prompt and a follow-up's replica is known only from that id (``-noaffinity``: not even from it)."""
 PREFIX_VARIANTS = ("app-tokens-noprefix", "app-tokens-guarded", *SESSION_PEERS)
 """Variants of the token router's prefix score and session affinity: they run on the prefix workload alone."""
 PREFIX_PEERS = ["app-tokens", *PREFIX_VARIANTS, "app-serve", "ray-serve-llm-prefix"]
@@ -133,13 +139,13 @@ def scheduled(events: list[dict[str, Any]]) -> Callable[[str], dict[str, Any]]:
 
 
 def conversing(
-    systems: list[str], load_s: float, sessions: bool = False, varied: bool = False
+    systems: list[str], load_s: float, client: str = "chat", varied: bool = False
 ) -> Callable[[str], dict[str, Any]]:
-    """The prefix workload's closed-loop conversations (``sessions``: each with its ``x-session-id``; ``varied``:
-    answers of varied length): their figures and their turns."""
+    """The prefix workload's closed-loop conversations (``client``: how they are sent, :data:`.prefix_load.CLIENTS`;
+    ``varied``: answers of varied length): their figures and their turns."""
 
     def drive(url: str) -> dict[str, Any]:
-        outcomes = asyncio.run(prefix_load.conversations(url, systems, load_s, sessions=sessions, varied=varied))
+        outcomes = asyncio.run(prefix_load.conversations(url, systems, load_s, client=client, varied=varied))
         fields = prefix_load.REQUEST_FIELDS
         return {**prefix_load.summarize(outcomes), "requests": [{k: o.get(k) for k in fields} for o in outcomes]}
 
@@ -215,18 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     folder = prepare()
     if args.workload == PREFIXES:
         systems = prefix_load.system_prompts(folder)
-        drives = {s: conversing(systems, LOAD_S[mode], s, args.varied_answers) for s in (False, True)}
+        drives = {c: conversing(systems, LOAD_S[mode], c, args.varied_answers) for c in prefix_load.CLIENTS}
         args.peers = args.peers or PREFIX_PEERS
     else:
         events = schedule(WORKLOADS[args.workload], LOAD_S[mode])
-        drives = dict.fromkeys((False, True), scheduled(events))
+        drives = dict.fromkeys(prefix_load.CLIENTS, scheduled(events))
         args.peers = args.peers or [p for p in PEERS if not any(o in p for o in OPTIONAL) and p not in PREFIX_VARIANTS]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="routing-real-") as tmp:
         for round_ in range(args.rounds):
             for name in args.peers:
                 try:
-                    row = measure_peer(name, folder, Path(tmp), drives[name in SESSION_PEERS], args.kv_cache_gib)
+                    row = measure_peer(name, folder, Path(tmp), drives[CLIENT.get(name, "chat")], args.kv_cache_gib)
                 except Exception as exc:  # a peer that does not deploy is reported as such; the others still run
                     row = {"peer": name, "error": repr(exc)[:300]}
                 row["round"] = round_

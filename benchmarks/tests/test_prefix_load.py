@@ -29,12 +29,16 @@ async def answer(request, number: int, usage: dict = USAGE):
     return response
 
 
-async def talk(chat, sessions: bool = False, seconds: float = 0.3, varied: bool = False) -> list[dict]:
-    """The conversations for ``seconds`` against ``chat``, a stand-in chat route in this process."""
+async def talk(chat, sessions: bool = False, seconds: float = 0.3, varied: bool = False, responses=None) -> list[dict]:
+    """The conversations for ``seconds`` against ``chat``, a stand-in chat route in this process (or ``responses``, a
+    stand-in Responses route, for the Responses client)."""
     from aiohttp import web
 
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
+    if chat is not None:
+        app.router.add_post("/v1/chat/completions", chat)
+    if responses is not None:
+        app.router.add_post("/v1/responses", responses)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -43,7 +47,8 @@ async def talk(chat, sessions: bool = False, seconds: float = 0.3, varied: bool 
     url = f"http://127.0.0.1:{port}"
     try:
         systems = [f"system {i}" for i in range(8)]
-        return await prefix_load.conversations(url, systems, seconds, sessions=sessions, varied=varied)
+        client = "responses" if responses is not None else "sessions" if sessions else "chat"
+        return await prefix_load.conversations(url, systems, seconds, client=client, varied=varied)
     finally:
         await runner.cleanup()
 
@@ -120,6 +125,40 @@ def test_with_sessions_each_conversation_names_itself_in_the_session_header():
     assert None not in sessions and len(sessions) > prefix_load.CONVERSATIONS  # a new id for each new conversation
     assert all(len(firsts) == 1 for firsts in sessions.values())  # one conversation's turns, and only its
     assert max(o["turn"] for o in outcomes) == prefix_load.TURNS - 1
+
+
+def test_the_responses_client_sends_each_turn_after_the_response_before_it():
+    """Its first turn sends the system prompt and the question, each later one only its question, naming the response
+    before; each outcome is read from the stream's events (usage of the final response); a failed turn ends it."""
+    from aiohttp import web
+
+    made: dict[str, list[dict[str, str]]] = {}  # response id -> the conversation it ended
+
+    async def responses(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        previous = body.get("previous_response_id")
+        conversation = [*(made[previous] if previous else []), *body["input"]]
+        if "client 30" in body["input"][-1]["content"]:
+            return web.json_response({"error": {"message": "refused"}}, status=400)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        made[ident := f"resp_{len(made)}"] = [*conversation, {"role": "assistant", "content": "an answer"}]
+        usage = {"input_tokens": 10, "output_tokens": 3, "input_tokens_details": {"cached_tokens": 6}}
+        final = {"type": "response.incomplete", "response": {"id": ident, "usage": usage}}
+        for event in ({"type": "response.output_text.delta", "delta": "an answer"}, final):
+            await response.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+        return response
+
+    outcomes = asyncio.run(talk(None, responses=responses))
+    assert made and all(c[0]["role"] == "system" and c[0]["content"].startswith("system ") for c in made.values())
+    roles = [[m["role"] for m in c] for c in made.values()]
+    assert all(r == ["system"] + ["user", "assistant"] * ((len(r) - 1) // 2) for r in roles)
+    assert max(len(c) for c in made.values()) > 3  # later turns continued a stored response
+    ok = [o for o in outcomes if o["ok"]]
+    assert ok and all(o["tokens"] == 3 and o["ttft"] is not None and o["id"] in made for o in ok)
+    refused = [o for o in outcomes if o["client"] == 30]
+    assert refused and all(not o["ok"] and o["turn"] == 0 and "400" in o["error"] for o in refused)
+    assert prefix_load.summarize(outcomes)["cache_hit_rate"] == 0.6
 
 
 def test_a_cache_size_is_told_in_the_tokens_it_holds(tmp_path, monkeypatch):
