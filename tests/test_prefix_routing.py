@@ -128,6 +128,9 @@ async def test_the_ingress_routers_body_fields_and_a_one_prompt_batch_are_read_f
     router = await router_with(FakeReplica("a"))
     method, fields = body_call({"messages": conversation(1, "x"), "max_tokens": 5})
     assert router.prefix_keys(request(method, **fields)) == router._prefixes.keys(prompt_text(fields["messages"]))
+    responses = {"model": "m", "input": conversation(1, "x"), "max_output_tokens": 5}  # a Responses API first turn
+    method, fields = body_call(responses)
+    assert router.prefix_keys(request(method, **fields)) == router._prefixes.keys(prompt_text(responses["input"]))
     method, fields = body_call({"prompts": [SYSTEM], "max_tokens": 5})
     assert len(router.prefix_keys(request(method, **fields))) == len(SYSTEM) // 64
     assert router.prefix_keys(request("generate_batch", [SYSTEM, SYSTEM])) == []  # a batch: no one prefix

@@ -167,9 +167,15 @@ async def test_haproxys_route_calls_are_priced_from_the_body_as_the_handle_call_
     assert priced(chat) == 2 * (20 + 20)
     assert priced({"model": "m", "prompt": "x" * 400, "stream": True}) == 100 + 100  # the default max_tokens
     assert body_call({"input": "an embedding"}) == ("__call__", {})
-    responses = {"model": "m", "input": "x" * 400, "previous_response_id": "resp_1"}  # its routing fields alone
-    assert body_call(responses) == ("__call__", {"model": "m", "previous_response_id": "resp_1"})
-    assert priced(responses) == 128 + 100
+    # A Responses API body: as a chat of its instructions and input messages (a follow-up's new turn alone)
+    responses = {"model": "m", "instructions": "i" * 40, "input": "x" * 400, "max_output_tokens": 30, "store": True}
+    system, user = {"role": "system", "content": "i" * 40}, {"role": "user", "content": "x" * 400}
+    assert body_call(responses) == ("chat", {"messages": [system, user], "max_tokens": 30, "model": "m"})
+    assert priced(responses) == 10 + 100 + 30
+    items = [user, {"type": "function_call_output", "call_id": "c", "output": "4"}]
+    follow_up = {"model": "m", "input": items, "previous_response_id": "resp_1"}
+    assert body_call(follow_up) == ("chat", {"messages": [user], "model": "m", "previous_response_id": "resp_1"})
+    assert priced(follow_up) == 100 + 100
     assert priced({"input": "x"}) == priced(None) == priced([1, 2]) == 128 + 100
 
 

@@ -99,18 +99,40 @@ def http_cost(scope: dict[str, Any], default_max_tokens: int) -> float | None:
     return None
 
 
+RESPONSES_FIELDS = ("instructions", "max_output_tokens", "previous_response_id")
+"""Fields only a Responses API body has (beside ``input``, which an embeddings body has too)."""
+
+
 def body_call(body: Any) -> tuple[str, dict[str, Any]]:
     """The handle call an HTTP body is priced as, and the keyword arguments that price it (:func:`handle_cost`):
     ``/generate``'s ``prompts`` as ``generate_batch``, chat ``messages`` as ``chat``, a completion's ``prompt`` as
-    ``generate``; anything else (unparsable, another route) as ``__call__``, which is priced at a constant, with a
-    Responses API body's ``model`` and ``previous_response_id`` (the adapter score, session affinity)."""
+    ``generate``, a Responses API body as ``chat`` (:func:`responses_fields`); anything else (unparsable, another
+    route) as ``__call__``, which is priced at a constant."""
     if not isinstance(body, dict):
         return "__call__", {}
     fields = {key: body[key] for key in COST_FIELDS if key in body}
     for key, method in (("prompts", "generate_batch"), ("messages", "chat"), ("prompt", "generate")):
         if key in fields:
             return method, fields
-    return "__call__", {key: body[key] for key in ("model", "previous_response_id") if key in body}
+    is_items = isinstance(body.get("input"), list) and all(isinstance(item, dict) for item in body["input"])
+    if "input" in body and (is_items or any(key in body for key in RESPONSES_FIELDS)):
+        return "chat", responses_fields(body)
+    return "__call__", {}
+
+
+def responses_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API body as a chat call's fields: ``instructions`` and the ``input`` messages as ``messages`` (a
+    follow-up's new turn alone: the conversation before it is stored on the server), ``max_output_tokens`` as
+    ``max_tokens``, its ``model`` and ``previous_response_id``."""
+    given, instructions = body["input"], body.get("instructions")
+    items = [{"role": "user", "content": given}] if isinstance(given, str) else given if isinstance(given, list) else []
+    messages = [{"role": "system", "content": instructions}] if isinstance(instructions, str) else []
+    for item in items:  # messages; a function call or its output says nothing of the prompt's start
+        if isinstance(item, dict) and isinstance(item.get("role"), str):
+            messages.append({"role": item["role"], "content": item.get("content")})
+    fields = {"messages": messages, "max_tokens": body.get("max_output_tokens")}
+    fields |= {key: body[key] for key in ("model", "previous_response_id") if key in body}
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 def previous_response(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
