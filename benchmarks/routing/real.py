@@ -94,7 +94,7 @@ SESSION_PEERS = ("app-tokens-sessions",)
 CLIENT = {**dict.fromkeys(SESSION_PEERS, "sessions"), **{p: "responses" for p in PEERS if "responses" in p}}
 """The prefix workload's client of each peer that does not send chat completions (:data:`.prefix_load.CLIENTS`):
 the Responses peers' send each turn after the stored response before it (``previous_response_id``), so the router
-reads no prompt and a follow-up's replica is known only from that id (``-noaffinity``: not even from it)."""
+reads only a turn's new messages and knows a follow-up's replica only from that id (``-noaffinity``: not from it)."""
 PREFIX_VARIANTS = ("app-tokens-noprefix", "app-tokens-guarded", *SESSION_PEERS)
 """Variants of the token router's prefix score and session affinity: they run on the prefix workload alone."""
 PREFIX_PEERS = ["app-tokens", *PREFIX_VARIANTS, "app-serve", "ray-serve-llm-prefix"]
