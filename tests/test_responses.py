@@ -128,7 +128,7 @@ def test_a_responses_id_names_the_replica_that_made_it(client):
 
     made = client.responses.create(model=MODEL, input=f"Hi {MARK}0", store=False)
     replicas = replica_actors("scripted")
-    assert made_by(made.id, {name: name for name in replicas}) in replicas, (made.id, list(replicas))
+    assert made_by(made.id, ((name, name) for name in replicas)) in replicas, (made.id, list(replicas))
 
 
 @pytest.mark.parametrize(

@@ -89,10 +89,10 @@ def test_a_response_id_names_the_replica_that_made_it():
     made = response_id("b2kx9q1z")
     assert made.startswith("resp_" + replica_tag("b2kx9q1z")) and len(made) == 37 and made != response_id("b2kx9q1z")
     replicas = {"a7f3k0pq": "a", "b2kx9q1z": "b"}
-    assert made_by(made, replicas) == "b" and made_by(response_id("a7f3k0pq"), replicas) == "a"
-    assert made_by(response_id("gone0000"), replicas) is None  # a replica since replaced: tokens decide
+    assert made_by(made, replicas.items()) == "b" and made_by(response_id("a7f3k0pq"), replicas.items()) == "a"
+    assert made_by(response_id("gone0000"), replicas.items()) is None  # a replica since replaced: tokens decide
     for other in (None, 7, "resp_" + "0" * 32, "resp_" + "x" * 32, made + "0", made.upper()):
-        assert made_by(other, replicas) is None
+        assert made_by(other, replicas.items()) is None
 
 
 # -- Ranking -----------------------------------------------------------------------------------------------------

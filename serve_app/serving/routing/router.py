@@ -155,13 +155,6 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         reports = {r.replica_id: self._reports.of(r) for r in replicas}
         return self._adapters.charges(reports, adapter, self.adapter_weight)  # type: ignore[return-value]
 
-    def made_it(self, replicas: Sequence[RunningReplica], request: PendingRequest) -> ReplicaID | None:
-        """The replica that made the Responses API response ``request`` continues (:func:`.sessions.made_by`)."""
-        if not self.session_affinity:
-            return None
-        previous = previous_response(request.metadata.call_method, request.args, request.kwargs)
-        return made_by(previous, {r.replica_id.unique_id: r.replica_id for r in replicas})
-
     def held_tokens(self, replica: RunningReplica, now: float) -> float | None:
         """Tokens ``replica`` holds: its last report, less what it counts that has completed since, plus what was
         sent to it since (and has not completed); ``None`` when that report is missing or stale."""
@@ -261,8 +254,12 @@ class TokenLoadRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         cached = {r.replica_id: self._prefixes.matched(r.replica_id, keys) * tokens for r in candidate_replicas}
         adapter = self.adapter(pending_request)
         loading = self.loading(candidate_replicas, adapter)
-        session = pending_request.metadata.session_id if self.session_affinity else ""
-        went = self._sessions.replica(session) or self.made_it(candidate_replicas, pending_request)
+        meta = pending_request.metadata
+        session = meta.session_id if self.session_affinity else ""
+        went = self._sessions.replica(session)
+        if went is None and self.session_affinity:  # a Responses API follow-up: where its response was made
+            previous = previous_response(meta.call_method, pending_request.args, pending_request.kwargs)
+            went = made_by(previous, ((r.replica_id.unique_id, r.replica_id) for r in candidate_replicas))
         ranked = self.rank(candidate_replicas, held, cost, cached, loading, went)  # type: ignore[arg-type]
         chosen = ranked[0].replica_id
         reported = self._reports.of(ranked[0]).get(PREFIX_CACHE_TOKENS)

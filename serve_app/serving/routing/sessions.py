@@ -22,7 +22,7 @@ import hashlib
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable
 from functools import lru_cache
 from typing import TypeVar
 
@@ -47,13 +47,14 @@ def response_id(replica: str) -> str:
     return f"resp_{replica_tag(replica)}{uuid.uuid4().hex[:24]}"
 
 
-def made_by(previous_response_id: object, replicas: Mapping[str, T]) -> T | None:
-    """Of ``replicas`` (by Serve replica id), the one that made ``previous_response_id``; None for none of them, or an
-    id not made by :func:`response_id`."""
+def made_by(previous_response_id: object, replicas: Iterable[tuple[str, T]]) -> T | None:
+    """Of ``replicas`` (pairs of a Serve replica id and what stands for it), the one that made
+    ``previous_response_id``; None for none of them, or an id not made by :func:`response_id` (then ``replicas`` is
+    not read)."""
     found = _RESPONSE_ID.fullmatch(previous_response_id) if isinstance(previous_response_id, str) else None
     if found is None:
         return None
-    return next((replica for name, replica in replicas.items() if replica_tag(name) == found[1]), None)
+    return next((replica for name, replica in replicas if replica_tag(name) == found[1]), None)
 
 
 class SessionIndex:
