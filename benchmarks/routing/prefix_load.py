@@ -9,6 +9,7 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,57 @@ def cache_size(folder: Path, gib: float) -> str:
     return f"{gib:g} GiB (about {gib * (1 << 30) / per_token:,.0f} tokens)"
 
 
+async def streamed(
+    session: Any,
+    url: str,
+    body: dict[str, Any],
+    start: float,
+    read: Callable[[dict[str, Any], dict[str, Any]], str],
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """POST ``body`` to ``url`` and read its stream: each chunk's text (``read`` returns it, and notes in the
+    outcome what else the chunk says: usage, an id, an error); the outcome's TTFT (first text), answer and times. A
+    refusal, a dropped connection or an error ``read`` noted is a failed turn, counted as such."""
+    sent = time.perf_counter()
+    out: dict[str, Any] = {"sent": sent - start, "ok": False, "tokens": 0, "ttft": None, "text": ""}
+    try:
+        async with session.post(url, json=body, headers=headers) as response:
+            if response.status != 200:
+                out["error"] = f"{response.status}: {(await response.text())[:200]}"
+                return out
+            async for chunk in sse_chunks(response):
+                text = read(chunk, out)
+                if text and out["ttft"] is None:
+                    out["ttft"] = time.perf_counter() - sent
+                out["text"] += text
+    except Exception as exc:
+        out["error"] = repr(exc)[:200]
+    if "error" not in out:
+        out |= {"ok": True, "e2e": time.perf_counter() - sent, "done": time.perf_counter() - start}
+    return out
+
+
+def read_chat(chunk: dict[str, Any], out: dict[str, Any]) -> str:
+    """A chat completion chunk's text; its usage (output and prompt tokens, those the prefix cache held) in ``out``."""
+    if chunk.get("usage"):
+        usage = chunk["usage"]
+        out["tokens"], out["prompt_tokens"] = usage["completion_tokens"], usage.get("prompt_tokens")
+        out["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return "".join((choice.get("delta") or {}).get("content") or "" for choice in chunk.get("choices", []))
+
+
+def read_response(event: dict[str, Any], out: dict[str, Any]) -> str:
+    """A Responses API stream event's text; the final response's usage and ``id`` (or the error) into ``out``."""
+    kind = event.get("type")
+    if kind in ("error", "response.failed"):
+        out["error"] = json.dumps(event)[:200]
+    if kind in ("response.completed", "response.incomplete"):  # incomplete: max_output_tokens reached
+        usage, out["id"] = event["response"]["usage"], event["response"]["id"]
+        out["tokens"], out["prompt_tokens"] = usage["output_tokens"], usage["input_tokens"]
+        out["cached_tokens"] = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+    return event["delta"] if kind == "response.output_text.delta" else ""
+
+
 async def turn(
     session: Any,
     url: str,
@@ -73,29 +125,8 @@ async def turn(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    sent = time.perf_counter()
-    out: dict[str, Any] = {"sent": sent - start, "ok": False, "tokens": 0, "ttft": None, "text": ""}
-    try:
-        headers = {"x-session-id": conversation} if conversation is not None else None
-        async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as response:
-            if response.status != 200:
-                out["error"] = f"{response.status}: {(await response.text())[:200]}"
-                return out
-            async for chunk in sse_chunks(response):
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                    out["tokens"], out["prompt_tokens"] = usage["completion_tokens"], usage.get("prompt_tokens")
-                    out["cached_tokens"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
-                for choice in chunk.get("choices", []):
-                    text = (choice.get("delta") or {}).get("content") or ""
-                    if text and out["ttft"] is None:
-                        out["ttft"] = time.perf_counter() - sent
-                    out["text"] += text
-    except Exception as exc:  # a dropped connection is a failed turn, counted as such
-        out["error"] = repr(exc)[:200]
-        return out
-    out |= {"ok": True, "e2e": time.perf_counter() - sent, "done": time.perf_counter() - start}
-    return out
+    headers = {"x-session-id": conversation} if conversation is not None else None
+    return await streamed(session, f"{url}/v1/chat/completions", body, start, read_chat, headers)
 
 
 async def responses_turn(
@@ -106,32 +137,9 @@ async def responses_turn(
     ``id`` for the next turn."""
     body = {"model": MODEL_NAME, "input": given, "max_output_tokens": max_tokens, "temperature": 0.0, "stream": True}
     body |= {"previous_response_id": previous} if previous else {}
-    sent = time.perf_counter()
-    out: dict[str, Any] = {"sent": sent - start, "ok": False, "tokens": 0, "ttft": None, "text": ""}
-    try:
-        async with session.post(f"{url}/v1/responses", json=body) as response:
-            if response.status != 200:
-                out["error"] = f"{response.status}: {(await response.text())[:200]}"
-                return out
-            async for event in sse_chunks(response):
-                kind = event.get("type")
-                if kind in ("error", "response.failed"):
-                    out["error"] = json.dumps(event)[:200]
-                if kind == "response.output_text.delta":
-                    if out["ttft"] is None:
-                        out["ttft"] = time.perf_counter() - sent
-                    out["text"] += event["delta"]
-                if kind in ("response.completed", "response.incomplete"):  # incomplete: max_output_tokens reached
-                    usage, out["id"] = event["response"]["usage"], event["response"]["id"]
-                    out["tokens"], out["prompt_tokens"] = usage["output_tokens"], usage["input_tokens"]
-                    out["cached_tokens"] = (usage.get("input_tokens_details") or {}).get("cached_tokens")
-    except Exception as exc:  # a dropped connection is a failed turn, counted as such
-        out["error"] = repr(exc)[:200]
-        return out
-    if out.get("error") or "id" not in out:
-        out["error"] = out.get("error") or "the stream ended without its response"
-        return out
-    out |= {"ok": True, "e2e": time.perf_counter() - sent, "done": time.perf_counter() - start}
+    out = await streamed(session, f"{url}/v1/responses", body, start, read_response)
+    if out["ok"] and "id" not in out:
+        out |= {"ok": False, "error": "the stream ended without its response"}
     return out
 
 
