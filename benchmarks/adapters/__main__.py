@@ -1,6 +1,6 @@
 """``python -m benchmarks.adapters``: the engine's cost of LoRA (:func:`benchmarks.adapters.cli.main`);
 ``... routing``: the router's adapter score (:mod:`.routing`); ``... serving``: four adapters, the app against vLLM's
-server (:mod:`.serving`)."""
+server and Ray Serve LLM (:mod:`.serving`)."""
 
 import importlib
 import sys

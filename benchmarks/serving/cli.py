@@ -91,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)  # Ray Serve LLM's
     parser.add_argument("--router", help=argparse.SUPPRESS)  # Ray Serve LLM's request router class
     parser.add_argument("--kv-cache-gib", type=float, default=KV_CACHE_GIB, help=argparse.SUPPRESS)  # its engines'
+    parser.add_argument("--lora", nargs=3, help=argparse.SUPPRESS)  # its LoRA: cloud folder, adapters loaded, rank
     args = parser.parse_args(argv)
     if args.ray_serve_llm:
-        serve_ray_llm(args.ray_serve_llm, args.model_dir, args.replicas, args.router, args.kv_cache_gib)
+        lora = (args.lora[0], int(args.lora[1]), int(args.lora[2])) if args.lora else None
+        serve_ray_llm(args.ray_serve_llm, args.model_dir, args.replicas, args.router, args.kv_cache_gib, lora)
         return 0
     print(
         f"TTFT objective for goodput: {args.slo_ttft_ms / 1000:g} s; overload at {OVERLOAD_FACTOR:g}x vllm's burst "

@@ -149,15 +149,29 @@ def run_driver(ray_tmp: str, argv: list[str], timeout_s: float = 3600) -> dict[s
 
 
 def serve_ray_llm(
-    port: int, folder: str, replicas: int = 1, router: str | None = None, kv_cache_gib: float = KV_CACHE_GIB
+    port: int,
+    folder: str,
+    replicas: int = 1,
+    router: str | None = None,
+    kv_cache_gib: float = KV_CACHE_GIB,
+    lora: tuple[str, int, int] | None = None,
 ) -> None:
     """Ray Serve LLM's OpenAI app on CPU, in this process's own Ray cluster, until SIGINT (``replicas`` engines;
     ``router``: a request router class's import path, else Serve's default; ``kv_cache_gib``: each engine's KV
-    cache)."""
+    cache; ``lora``: its multiplexed LoRA as its users set it, from a cloud folder of adapters with so many loaded
+    per replica and a largest rank, a request naming ``<model>:<adapter>``)."""
     import ray
     from ray import serve
     from ray.serve.llm import LLMConfig, build_openai_app
 
+    adapters: dict[str, Any] = {}
+    if lora:
+        path, slots, rank = lora
+        adapters = {
+            "lora_config": {"dynamic_lora_loading_path": path, "max_num_adapters_per_replica": slots},
+            "engine_kwargs": {"enable_lora": True, "max_loras": slots, "max_cpu_loras": slots, "max_lora_rank": rank},
+        }
+    store = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}  # where its S3 client finds the folder
     config = LLMConfig(
         model_loading_config={"model_id": MODEL_NAME, "model_source": folder},
         accelerator_config={"kind": "cpu"},
@@ -167,12 +181,14 @@ def serve_ray_llm(
             "enforce_eager": True,
             "kv_cache_memory_bytes": kv_cache_bytes(kv_cache_gib),
             "enable_prompt_tokens_details": True,  # usage's cached tokens, as the app reports them: no other change
+            **adapters.get("engine_kwargs", {}),
         },
         deployment_config={
             "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas},
             **({"request_router_config": {"request_router_class": router}} if router else {}),
         },
-        runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", **threads_env()}},
+        runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", **threads_env(), **store}},
+        **({"lora_config": adapters["lora_config"]} if adapters else {}),
     )
     # Its ingress and LLM replicas each want logical CPUs; they are only bookkeeping on this 2-core machine.
     ray.init(address="local", num_cpus=8, include_dashboard=False)

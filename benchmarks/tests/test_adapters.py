@@ -8,7 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.adapters.routing import ADAPTERS, app_args, draws, summary
-from benchmarks.adapters.serving import NAMES, SLOTS, client_argv, peer_settings
+from benchmarks.adapters.serving import NAMES, RAY, SLOTS, adapter_models, client_argv, peer_settings
+from benchmarks.lib.peers import MODEL_NAME
 from serve_app.adapters import TARGET_MODULES
 from serve_app.config import AppConfig
 
@@ -22,8 +23,10 @@ def test_the_app_and_vllms_server_serve_the_same_adapters_and_the_client_names_t
     assert flags[flags.index("--lora-modules") + 1 :] == [f"{name}=/models/adapter" for name in NAMES]
     at = flags.index("--lora-modules")  # the stronger vLLM: LoRA on the adapter's modules alone, as the app's auto
     assert settings["vllm-targets"]["extra"] == [*flags[:at], "--lora-target-modules", *TARGET_MODULES, *flags[at:]]
-    argv = client_argv("http://x", Path("/m"), 48, 16)
+    argv = client_argv("http://x", Path("/m"), 48, 16, adapter_models("vllm"))
     assert argv[argv.index("--lora-modules") + 1 : argv.index("--lora-modules") + 5] == list(NAMES)
+    # Ray Serve LLM's multiplexed adapters: the base model's id, then the adapter's folder in its bucket
+    assert adapter_models(RAY) == [f"{MODEL_NAME}:{name}" for name in NAMES]
 
 
 def test_the_routing_benchmarks_app_is_valid_and_its_draws_are_skewed_and_seeded():
