@@ -50,7 +50,7 @@ from typing import Any
 
 from ..lib.peers import KV_CACHE_GIB
 from .client import BACKENDS
-from .peers import PEERS, serve_ray_llm
+from .peers import PEERS, ray_llm_config, serve_ray_llm
 from .rounds import OVERLOAD_FACTOR, SLO_TTFT_MS, measure
 
 
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.ray_serve_llm:
         lora = (args.lora[0], int(args.lora[1]), int(args.lora[2])) if args.lora else None
-        serve_ray_llm(args.ray_serve_llm, args.model_dir, args.replicas, args.router, args.kv_cache_gib, lora)
+        config = ray_llm_config(args.model_dir, args.replicas, args.router, args.kv_cache_gib, lora)
+        serve_ray_llm(args.ray_serve_llm, config)
         return 0
     print(
         f"TTFT objective for goodput: {args.slo_ttft_ms / 1000:g} s; overload at {OVERLOAD_FACTOR:g}x vllm's burst "

@@ -148,21 +148,18 @@ def run_driver(ray_tmp: str, argv: list[str], timeout_s: float = 3600) -> dict[s
     return json.loads(done.stdout[summary.start() :])
 
 
-def serve_ray_llm(
-    port: int,
+def ray_llm_config(
     folder: str,
     replicas: int = 1,
     router: str | None = None,
     kv_cache_gib: float = KV_CACHE_GIB,
     lora: tuple[str, int, int] | None = None,
-) -> None:
-    """Ray Serve LLM's OpenAI app on CPU, in this process's own Ray cluster, until SIGINT (``replicas`` engines;
-    ``router``: a request router class's import path, else Serve's default; ``kv_cache_gib``: each engine's KV
-    cache; ``lora``: its multiplexed LoRA as its users set it, from a cloud folder of adapters with so many loaded
-    per replica and a largest rank, a request naming ``<model>:<adapter>``)."""
-    import ray
-    from ray import serve
-    from ray.serve.llm import LLMConfig, build_openai_app
+) -> Any:
+    """Ray Serve LLM's ``LLMConfig`` for the bundled model on CPU (``replicas`` engines; ``router``: a request router
+    class's import path, else Serve's default; ``kv_cache_gib``: each engine's KV cache; ``lora``: its multiplexed
+    LoRA as its users set it, from a cloud folder of adapters with so many loaded per replica and a largest rank, a
+    request naming ``<model>:<adapter>``)."""
+    from ray.serve.llm import LLMConfig
 
     adapters: dict[str, Any] = {}
     if lora:
@@ -172,7 +169,7 @@ def serve_ray_llm(
             "engine_kwargs": {"enable_lora": True, "max_loras": slots, "max_cpu_loras": slots, "max_lora_rank": rank},
         }
     store = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}  # where its S3 client finds the folder
-    config = LLMConfig(
+    return LLMConfig(
         model_loading_config={"model_id": MODEL_NAME, "model_source": folder},
         accelerator_config={"kind": "cpu"},
         engine_kwargs={
@@ -190,6 +187,15 @@ def serve_ray_llm(
         runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", **threads_env(), **store}},
         **({"lora_config": adapters["lora_config"]} if adapters else {}),
     )
+
+
+def serve_ray_llm(port: int, config: Any) -> None:
+    """Ray Serve LLM's OpenAI app over ``config`` (:func:`ray_llm_config`), in this process's own Ray cluster, until
+    SIGINT."""
+    import ray
+    from ray import serve
+    from ray.serve.llm import build_openai_app
+
     # Its ingress and LLM replicas each want logical CPUs; they are only bookkeeping on this 2-core machine.
     ray.init(address="local", num_cpus=8, include_dashboard=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})

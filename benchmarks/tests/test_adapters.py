@@ -8,8 +8,9 @@ from collections import Counter
 from pathlib import Path
 
 from benchmarks.adapters.routing import ADAPTERS, app_args, draws, summary
-from benchmarks.adapters.serving import NAMES, RAY, SLOTS, adapter_models, client_argv, peer_settings
+from benchmarks.adapters.serving import NAMES, RANK, RAY, SLOTS, adapter_models, client_argv, peer_settings
 from benchmarks.lib.peers import MODEL_NAME
+from benchmarks.serving.peers import ray_llm_config
 from serve_app.adapters import TARGET_MODULES
 from serve_app.config import AppConfig
 
@@ -27,6 +28,26 @@ def test_the_app_and_vllms_server_serve_the_same_adapters_and_the_client_names_t
     assert argv[argv.index("--lora-modules") + 1 : argv.index("--lora-modules") + 5] == list(NAMES)
     # Ray Serve LLM's multiplexed adapters: the base model's id, then the adapter's folder in its bucket
     assert adapter_models(RAY) == [f"{MODEL_NAME}:{name}" for name in NAMES]
+
+
+def test_ray_serve_llms_lora_gets_vllms_slots_and_rank_and_reads_its_bucket(monkeypatch):
+    """Ray Serve LLM's multiplexed LoRA is configured as its users do (``lora_config`` on a cloud folder, the
+    engine's LoRA arguments) with the slots and rank vLLM's server gets, and its replicas find the local bucket."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    config = ray_llm_config("/models/base", lora=("s3://adapters", SLOTS, RANK))
+    assert config.lora_config.dynamic_lora_loading_path == "s3://adapters"
+    assert config.lora_config.max_num_adapters_per_replica == SLOTS
+    flags = peer_settings(Path("/models/adapter"))["vllm"]["extra"]
+    for flag, key in (
+        ("--max-loras", "max_loras"),
+        ("--max-cpu-loras", "max_cpu_loras"),
+        ("--max-lora-rank", "max_lora_rank"),
+    ):
+        assert config.engine_kwargs[key] == int(flags[flags.index(flag) + 1])
+    assert config.engine_kwargs["enable_lora"] is True
+    assert config.runtime_env["env_vars"]["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:9"
+    plain = ray_llm_config("/models/base")
+    assert plain.lora_config is None and "enable_lora" not in plain.engine_kwargs
 
 
 def test_the_routing_benchmarks_app_is_valid_and_its_draws_are_skewed_and_seeded():
