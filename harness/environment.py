@@ -4,12 +4,14 @@ serve`` applies them), and reading a server's log. It imports nothing of Ray: :f
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from .ports import free_port
 
@@ -58,6 +60,19 @@ def http_status(url: str, timeout: float = 5.0) -> int | None:
         return exc.code
     except (OSError, ValueError):
         return None
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float = 30.0) -> tuple[int | None, Any]:
+    """``POST url`` with a JSON body: the status and the parsed answer, the start of an error's body for an HTTP
+    error, or None and the reason when nothing answers."""
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()[:300]
+    except (OSError, ValueError) as exc:
+        return None, str(exc)
 
 
 def tail(path: Path, chars: int = 3000) -> str:

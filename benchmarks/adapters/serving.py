@@ -14,18 +14,16 @@ requests naming ``<model>:<adapter>``, its engine's LoRA settings those of vLLM'
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from harness.environment import post_json
 from harness.vllm_bench import ClientFailed, bench_serve
 from serve_app.adapters import TARGET_MODULES
 
@@ -78,14 +76,7 @@ def first_requests(url: str, models: list[str]) -> int:
 
     def one(k: int) -> bool:
         body = {"model": models[k % len(models)], "prompt": "Hello", "max_tokens": 1}
-        request = urllib.request.Request(
-            f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=600) as response:
-                return response.status == 200
-        except (OSError, ValueError):  # an HTTP error status, a refused or dropped connection
-            return False
+        return post_json(f"{url}/v1/completions", body, timeout=600)[0] == 200
 
     with ThreadPoolExecutor(COLD_REQUESTS) as pool:
         return sum(not ok for ok in pool.map(one, range(COLD_REQUESTS)))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import launcher
-from harness.environment import ROOT, offline_env, serve_env, tail
+from harness.environment import ROOT, offline_env, post_json, serve_env, tail
 from harness.launcher import Server, vllm_server
 from harness.ports import free_port
 from serve_app.engines.encoder import bundled_encoder_path
@@ -125,22 +125,6 @@ def peer_env(peer: str) -> dict[str, str]:
     return out
 
 
-def post(url: str, body: dict[str, Any], timeout: float = 30.0) -> tuple[int | None, Any]:
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(
-        f"{url}/v1/embeddings", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()[:300]
-    except (OSError, ValueError) as exc:
-        return None, str(exc)
-
-
 def get_json(url: str) -> dict[str, Any] | None:
     import urllib.request
 
@@ -162,7 +146,7 @@ def running(
     def ready(server: Server) -> bool:
         if not (peer.startswith("vllm") or READY_MARKER in tail(server.log, 50_000)):
             return False
-        status, _ = post(server.url, {"model": MODEL_NAME, "input": "hello"})
+        status, _ = post_json(f"{server.url}/v1/embeddings", {"model": MODEL_NAME, "input": "hello"})
         return status == 200
 
     port = free_port()

@@ -161,13 +161,12 @@ def ray_llm_config(
     request naming ``<model>:<adapter>``)."""
     from ray.serve.llm import LLMConfig
 
-    adapters: dict[str, Any] = {}
+    lora_config: dict[str, Any] | None = None
+    lora_kwargs: dict[str, Any] = {}
     if lora:
         path, slots, rank = lora
-        adapters = {
-            "lora_config": {"dynamic_lora_loading_path": path, "max_num_adapters_per_replica": slots},
-            "engine_kwargs": {"enable_lora": True, "max_loras": slots, "max_cpu_loras": slots, "max_lora_rank": rank},
-        }
+        lora_config = {"dynamic_lora_loading_path": path, "max_num_adapters_per_replica": slots}
+        lora_kwargs = {"enable_lora": True, "max_loras": slots, "max_cpu_loras": slots, "max_lora_rank": rank}
     store = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}  # where its S3 client finds the folder
     return LLMConfig(
         model_loading_config={"model_id": MODEL_NAME, "model_source": folder},
@@ -178,14 +177,14 @@ def ray_llm_config(
             "enforce_eager": True,
             "kv_cache_memory_bytes": kv_cache_bytes(kv_cache_gib),
             "enable_prompt_tokens_details": True,  # usage's cached tokens, as the app reports them: no other change
-            **adapters.get("engine_kwargs", {}),
+            **lora_kwargs,
         },
         deployment_config={
             "autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas},
             **({"request_router_config": {"request_router_class": router}} if router else {}),
         },
         runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", **threads_env(), **store}},
-        **({"lora_config": adapters["lora_config"]} if adapters else {}),
+        lora_config=lora_config,
     )
 
 
