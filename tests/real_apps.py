@@ -81,6 +81,20 @@ class RealApp:
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
+    def run_commands(self, page: str, marker: str) -> list[tuple[str, str]]:
+        """Run each command of the shell example of ``page`` that holds ``marker``, as written but pointed at this
+        app (``localhost:8000``), one after another: each command (its continued lines joined) with its output."""
+        text = (ROOT / page).read_text()
+        (example,) = [b for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S) if marker in b]
+        commands = re.sub(r"\\\n\s*", "", example).splitlines()
+        out = []
+        for command in [c for c in commands if c.strip() and not c.lstrip().startswith("#")]:
+            pointed = command.replace("localhost:8000", self.url.removeprefix("http://"))
+            done = subprocess.run(["bash", "-c", pointed], cwd=ROOT, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, (command, done.stderr[-3000:])
+            out.append((command, done.stdout))
+        return out
+
 
 class RealApps:
     """The session's real app: started when a test first needs it, again after a test that ended it."""

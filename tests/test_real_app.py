@@ -40,6 +40,27 @@ def test_http_chat_completion_knows_the_capital_of_france(real_app):
     assert body["usage"]["completion_tokens"] > 0
 
 
+def test_readmes_http_commands_run_as_written_and_the_bundled_adapter_answers_as_trained(real_app):
+    """Each ``curl`` of the README's HTTP section, pointed at the app: ``make serve`` serves the bundled LoRA adapter
+    beside the base model, listed with its parent, and answers as trained, where the base model does not."""
+    ran = dict(real_app.run_commands("README.md", "localhost:8000/generate"))
+    outputs = {command.split()[2].split("/", 1)[1]: out for command, out in ran.items()}  # by route, the last kept
+    assert len(json.loads(outputs["generate"])["results"]) == 2
+    chats = [(c, out) for c, out in ran.items() if "/v1/chat/completions" in c]
+    whole, streamed, adapted = (out for _, out in chats)
+    assert json.loads(whole)["model"] == "SmolLM2-135M-Instruct" and "Paris" in whole
+    assert streamed.rstrip().endswith("data: [DONE]") and len(sse_payloads(streamed)) > 2
+    answer = json.loads(adapted)
+    assert answer.get("model") == "bundled-answer", answer
+    assert answer["choices"][0]["message"]["content"].startswith("ANSWER: 42"), answer
+    assert len(json.loads(outputs["v1/embeddings"])["data"]) == 2
+    models = {m["id"]: m for m in json.loads(outputs["v1/models"])["data"]}
+    assert set(models) == {"SmolLM2-135M-Instruct", "all-MiniLM-L6-v2", "bundled-answer"}
+    assert models["bundled-answer"]["parent"] == "SmolLM2-135M-Instruct"
+    assert json.loads(outputs["stats"])["engine"] == "vllm"
+    assert "health" in outputs  # curl -s exits 0 on any status; the app's health is checked by its start
+
+
 def test_http_generate_batches_concurrent_prompts(real_app):
     url = real_app.url
     prompts = [f"Question {i}: what is {i} plus {i}? Answer:" for i in range(6)]
@@ -441,7 +462,7 @@ def test_openai_client_embeddings_from_the_same_base_url_equal_sentence_transfor
     assert [d.index for d in response.data] == [0, 1, 2] and got.shape == (3, 384)
     cosine = (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
     assert cosine.min() >= 0.999, cosine
-    assert {m.id for m in client.models.list().data} == {"SmolLM2-135M-Instruct", "all-MiniLM-L6-v2"}
+    assert {m.id for m in client.models.list().data} == {"SmolLM2-135M-Instruct", "all-MiniLM-L6-v2", "bundled-answer"}
 
 
 def metric_total(url: str, name: str, model: str) -> float:

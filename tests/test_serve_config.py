@@ -65,20 +65,13 @@ def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
     assert capped["max_queued_requests"] == 100
 
 
-def test_serve_config_yaml_serves_the_bundled_adapter_once_its_lora_block_is_uncommented():
-    """The shipped file serves the base model alone; its commented ``lora`` block, uncommented as the comment says,
-    is a valid setting that serves the bundled adapter."""
-    text = (ROOT / "serve_config.yaml").read_text()
-    assert AppConfig.model_validate(yaml.safe_load(text)["applications"][0]["args"]).lora is None
-    block = [line for line in text.splitlines() if line.startswith("      # lora:")]
-    assert len(block) == 1, "serve_config.yaml's commented lora block"
-    lines = text.splitlines()
-    start = lines.index(block[0])
-    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("      #   "))
-    uncommented = [line.replace("# ", "", 1) for line in lines[start:end]]
-    args = yaml.safe_load("\n".join(lines[:start] + uncommented + lines[end:]))["applications"][0]["args"]
+def test_serve_config_yaml_serves_the_bundled_adapter_beside_the_base_model():
+    """``make serve`` shows the adapters: the shipped file names the bundled adapter, at most two loaded a replica,
+    and the token router weighs where an adapter is loaded."""
+    args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
     config = AppConfig.model_validate(args)
     assert config.lora is not None and config.lora.adapters == {"bundled-answer": "bundled"}
+    assert config.lora.max_loaded == 2 and config.routing.router == "tokens"
 
 
 def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url():

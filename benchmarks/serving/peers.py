@@ -49,8 +49,9 @@ def threads_env() -> dict[str, str]:
 
 def app_overrides(peer: str, batcher: dict[str, Any] | None, fleet: dict[str, Any] | None) -> tuple[dict, Any]:
     """:func:`harness.launcher.serve_config`'s ``llm`` and ``embeddings`` for an app peer: one replica, the shared
-    dtype, the peer's own settings, ``batcher`` knobs and ``fleet`` (more of the app's args, each section merged over
-    its own: e.g. replicas, router, threads; ``embeddings_app: None`` leaves the embedding application out)."""
+    dtype, the base model alone (no ``lora``, as the vLLM peers serve it, unless ``fleet`` names adapters), the peer's
+    own settings, ``batcher`` knobs and ``fleet`` (more of the app's args, each section merged over its own: e.g.
+    replicas, router, threads; ``embeddings_app: None`` leaves the embedding application out)."""
     fleet = dict(fleet or {})
     embeddings = KEEP
     if "embeddings_app" in fleet and fleet["embeddings_app"] is None:
@@ -61,6 +62,7 @@ def app_overrides(peer: str, batcher: dict[str, Any] | None, fleet: dict[str, An
         "autoscaling": {"min_replicas": 1, "max_replicas": 1},
         "vllm": {"dtype": DTYPE, "cpu_kvcache_space_gb": KV_CACHE_GIB},
         "batcher": batcher or {},
+        "lora": None,
     }
     llm = merged(one, fleet)
     llm["vllm"] = {**llm["vllm"], **APP_VLLM.get(peer, {})}  # the app with some of its engine's settings changed

@@ -10,7 +10,7 @@ from pathlib import Path
 from benchmarks.adapters.routing import ADAPTERS, app_args, draws, summary
 from benchmarks.adapters.serving import NAMES, RANK, RAY, SLOTS, adapter_models, client_argv, peer_settings
 from benchmarks.lib.peers import MODEL_NAME
-from benchmarks.serving.peers import ray_llm_config
+from benchmarks.serving.peers import app_overrides, ray_llm_config
 from serve_app.adapters import TARGET_MODULES
 from serve_app.config import AppConfig
 
@@ -28,6 +28,16 @@ def test_the_app_and_vllms_server_serve_the_same_adapters_and_the_client_names_t
     assert argv[argv.index("--lora-modules") + 1 : argv.index("--lora-modules") + 5] == list(NAMES)
     # Ray Serve LLM's multiplexed adapters: the base model's id, then the adapter's folder in its bucket
     assert adapter_models(RAY) == [f"{MODEL_NAME}:{name}" for name in NAMES]
+
+
+def test_app_peers_serve_the_base_model_alone_unless_the_benchmark_names_adapters():
+    """The shipped config serves the bundled adapter; an app peer measured against vLLM peers without adapters runs
+    without LoRA (it costs the base model's steps), and the adapter benchmark's own ``lora`` replaces that."""
+    llm, _ = app_overrides("app", None, None)
+    assert "lora" in llm and AppConfig.model_validate({"engine": "simulated", **llm}).lora is None
+    lora = peer_settings(Path("/models/adapter"))["app"]["fleet"]["lora"]
+    llm, _ = app_overrides("app", None, {"lora": lora})
+    assert llm["lora"] == lora
 
 
 def test_ray_serve_llms_lora_gets_vllms_slots_and_rank_and_reads_its_bucket(monkeypatch):
