@@ -201,8 +201,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def absolute_paths(args: argparse.Namespace) -> argparse.Namespace:
+    """The job's local paths made absolute from this process's folder: Ray Data's tasks read and write them in
+    worker processes, whose folder is the cluster's, not the caller's. A URI (``s3://...``) is left as it is."""
+    for name in ("input", "output", "openai_batch", "checkpoint"):
+        value = getattr(args, name)
+        if value and "://" not in value:
+            setattr(args, name, str(Path(value).expanduser().absolute()))
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = absolute_paths(parser().parse_args(argv))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     import ray
 

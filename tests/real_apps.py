@@ -81,16 +81,28 @@ class RealApp:
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
-    def run_commands(self, page: str, marker: str) -> list[tuple[str, str]]:
-        """Run each command of the shell example of ``page`` that holds ``marker``, as written but pointed at this
-        app (``localhost:8000``), one after another: each command (its continued lines joined) with its output."""
+    def run_commands(self, page: str, marker: str, cwd: Path = ROOT) -> list[tuple[str, str]]:
+        """Run each command of the shell example of ``page`` that holds ``marker`` in ``cwd``, as written but pointed
+        at this app (``localhost:8000``, its cluster for a driver), one after another: each command (a line, the
+        indented lines that continue it, a here-document's lines) with its output."""
         text = (ROOT / page).read_text()
         (example,) = [b for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S) if marker in b]
-        commands = re.sub(r"\\\n\s*", "", example).splitlines()
+        commands: list[str] = []
+        until = None  # the end of a here-document
+        for line in example.splitlines():
+            if until is not None or (line[:1].isspace() and commands):
+                commands[-1] += "\n" + line
+                until = None if line == until else until
+            elif line.strip() and not line.startswith("#"):
+                commands.append(line)
+                heredoc = re.search(r"<<-?\s*'?(\w+)'?", line)
+                until = heredoc.group(1) if heredoc else None
         out = []
-        for command in [c for c in commands if c.strip() and not c.lstrip().startswith("#")]:
+        for command in commands:
             pointed = command.replace("localhost:8000", self.url.removeprefix("http://"))
-            done = subprocess.run(["bash", "-c", pointed], cwd=ROOT, capture_output=True, text=True, timeout=300)
+            done = subprocess.run(
+                ["bash", "-c", pointed], cwd=cwd, env=self.env, capture_output=True, text=True, timeout=300
+            )
             assert done.returncode == 0, (command, done.stderr[-3000:])
             out.append((command, done.stdout))
         return out

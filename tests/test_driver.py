@@ -1,4 +1,5 @@
-"""The driver's summary of a job, read back from the files the job wrote (no Ray: files as Ray Data writes them)."""
+"""The driver's summary of a job, read back from the files the job wrote (no Ray: files as Ray Data writes them),
+and the paths it hands Ray Data."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from serve_app.data.summary import summarize
+from serve_app.driver import absolute_paths, parser
 
 
 def test_the_summary_reads_every_written_file_whatever_types_its_columns_took(tmp_path: Path) -> None:
@@ -43,3 +45,13 @@ def test_the_summary_of_an_embedding_job_in_parquet_gives_the_vectors_dimensions
         pq.write_table(table, out / f"{part}_000000.parquet")
     summary = summarize(str(out), "parquet", has_answer=False, task="embed")
     assert summary == {"rows": 3, "errors": 1, "tokens": 14, "correct": 0, "duplicate_ids": 0, "dimensions": [4]}
+
+
+def test_the_jobs_local_paths_are_made_absolute_from_the_callers_folder(tmp_path: Path, monkeypatch) -> None:
+    """Ray Data reads and writes in worker processes whose folder is the cluster's: a relative path means the
+    caller's folder (``tests/test_real_app.py`` runs the docs' jobs from a folder of their own); a URI stays."""
+    monkeypatch.chdir(tmp_path)
+    args = absolute_paths(parser().parse_args(["--input", "data/in.jsonl", "--output", "out/", "--checkpoint", "c"]))
+    assert (args.input, args.output, args.checkpoint) == tuple(str(tmp_path / p) for p in ("data/in.jsonl", "out", "c"))
+    args = absolute_paths(parser().parse_args(["--openai-batch", "s3://bucket/requests.jsonl", "--output", "~/r"]))
+    assert args.openai_batch == "s3://bucket/requests.jsonl" and args.output == str(Path.home() / "r")

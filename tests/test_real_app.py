@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -59,6 +60,57 @@ def test_readmes_http_commands_run_as_written_and_the_bundled_adapter_answers_as
     assert models["bundled-answer"]["parent"] == "SmolLM2-135M-Instruct"
     assert json.loads(outputs["stats"])["engine"] == "vllm"
     assert "health" in outputs  # curl -s exits 0 on any status; the app's health is checked by its start
+
+
+@pytest.mark.parametrize(
+    ("page", "marker"),
+    [("docs/http.md", "localhost:8000/v1/completions"), ("docs/embeddings.md", "curl"), ("docs/fleet.md", "curl")],
+)
+def test_the_docs_curl_examples_run_as_written_and_are_answered(real_app, page, marker):
+    """Each page's ``curl`` example, pointed at the app, is answered: a JSON body with choices or data, or SSE chunks
+    that end with ``[DONE]`` (the usage last where the request asks for it), never an error."""
+    for command, out in real_app.run_commands(page, marker):
+        if '"stream": true' in command:
+            assert out.rstrip().endswith("data: [DONE]"), out
+            chunks = sse_payloads(out)
+            assert len(chunks) > 2 and not any("error" in chunk for chunk in chunks), out
+            if "include_usage" in command:
+                assert chunks[-1]["usage"]["completion_tokens"] > 0, chunks[-1]
+        else:
+            body = json.loads(out)
+            assert "error" not in body and (body.get("choices") or body.get("data")), body
+
+
+def test_the_batch_job_commands_of_readme_and_ray_data_docs_run_as_written(real_app, tmp_path):
+    """The README's Ray Data commands, then docs/ray-data.md's (a job resumed, an OpenAI Batch file, embeddings), as
+    written, one after another in a folder of their own beside ``.venv``: each job's rows all answered once."""
+
+    def summary(printed: str) -> dict[str, Any]:
+        return json.loads(printed[printed.index("{") :])
+
+    def rows(folder: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for f in (tmp_path / folder).glob("*.json*") for line in f.read_text().splitlines()]
+
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    _, (_, printed) = real_app.run_commands("README.md", "serve_app.driver", cwd=tmp_path)
+    assert len((tmp_path / "data" / "problems.jsonl").read_text().splitlines()) == 200
+    first = summary(printed)
+    assert first["rows_in"] == first["rows_out"] == 60 and first["errors"] == 0, first
+    assert first["output_tokens"] > 0 and 0 <= first["accuracy"] <= 1
+    ((_, printed),) = real_app.run_commands("docs/ray-data.md", "--resume", cwd=tmp_path)
+    resumed = summary(printed)
+    assert resumed["rows_skipped"] == 60 and resumed["rows_out"] == 200 and resumed["errors"] == 0, resumed
+    answered = rows("out")
+    assert sorted(row["id"] for row in answered) == sorted({row["id"] for row in answered}) and len(answered) == 200
+    assert all(row["error"] is None and row["output_tokens"] > 0 for row in answered)
+    real_app.run_commands("docs/ray-data.md", "--openai-batch", cwd=tmp_path)
+    lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert sorted(line["custom_id"] for line in lines) == ["q1", "q2", "q3"]
+    assert all(line["error"] is None and line["response"]["status_code"] == 200 for line in lines), lines
+    ((_, printed),) = real_app.run_commands("docs/ray-data.md", "--task embed", cwd=tmp_path)
+    vectors = summary(printed)
+    assert vectors["rows_out"] == 200 and vectors["errors"] == 0 and vectors["dimensions"] == [384], vectors
+    assert list((tmp_path / "vectors").glob("*.parquet"))
 
 
 def test_http_generate_batches_concurrent_prompts(real_app):

@@ -65,6 +65,17 @@ def test_serve_config_yaml_is_valid_and_autoscales_one_to_two_replicas():
     assert capped["max_queued_requests"] == 100
 
 
+def test_serve_config_yaml_leaves_a_resumed_ray_data_job_its_cpus_on_two_cores():
+    """Ray's logical CPUs: on a 2-core machine, with both generation replicas up, a resumed Ray Data job (Ray Data's
+    checkpoint filter asks a whole CPU) still fits, as docs/ray-data.md's ``--resume`` needs."""
+    from serve_app.data.resume import RESUME_CPUS
+
+    llm, embeddings = (app["args"] for app in yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"])
+    config, encoder = AppConfig.model_validate(llm), EmbeddingConfig.model_validate(embeddings)
+    held = config.autoscaling.max_replicas * config.cpus_per_replica + encoder.cpus_per_replica
+    assert 2 - held >= RESUME_CPUS
+
+
 def test_serve_config_yaml_serves_the_bundled_adapter_beside_the_base_model():
     """``make serve`` shows the adapters: the shipped file names the bundled adapter, at most two loaded a replica,
     and the token router weighs where an adapter is loaded."""
@@ -102,7 +113,7 @@ def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url()
     partial = EmbeddingConfig(batcher={"max_inflight": 32}).batcher
     assert (partial.mode, partial.max_inflight, partial.max_queue_size) == ("continuous", 32, 8192)
     options = deployment_options(config)
-    assert options["ray_actor_options"] == {"num_cpus": 0.25, "num_gpus": 0}
+    assert options["ray_actor_options"] == {"num_cpus": 0, "num_gpus": 0}
 
 
 @pytest.mark.parametrize(
