@@ -29,7 +29,7 @@ from typing import Any
 
 from .config import DATA_PRIORITY
 from .data.progress import JobProgress
-from .data.resume import IO_CPUS, checkpointed_rows, local_shape, nothing_left, read
+from .data.resume import IO_CPUS, checkpointed_rows, local_path, local_shape, nothing_left, read
 from .data.summary import batch_summary, replica_stats, summarize
 
 logger = logging.getLogger(__name__)
@@ -202,12 +202,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def absolute_paths(args: argparse.Namespace) -> argparse.Namespace:
-    """The job's local paths made absolute from this process's folder: Ray Data's tasks read and write them in
-    worker processes, whose folder is the cluster's, not the caller's. A URI (``s3://...``) is left as it is."""
+    """The job's local paths made absolute from this process's folder (:func:`.data.resume.local_path`): Ray Data's
+    tasks read and write them in the cluster's folder."""
     for name in ("input", "output", "openai_batch", "checkpoint"):
         value = getattr(args, name)
-        if value and "://" not in value:
-            setattr(args, name, str(Path(value).expanduser().absolute()))
+        if value:
+            setattr(args, name, local_path(value))
     return args
 
 

@@ -81,6 +81,22 @@ def test_the_docs_curl_examples_run_as_written_and_are_answered(real_app, page, 
             assert "error" not in body and (body.get("choices") or body.get("data")), body
 
 
+@pytest.mark.parametrize(
+    ("page", "marker", "printed"),
+    [
+        ("README.md", "from openai import OpenAI", None),  # an answer whole, then streamed
+        ("docs/embeddings.md", "from openai import OpenAI", "2 384"),
+        ("docs/fleet.md", "default_headers", ""),  # a client that sends its session with every request
+    ],
+)
+def test_the_openai_client_examples_run_as_written(real_app, page, marker, printed):
+    out = real_app.run_example(page, marker)
+    if printed is None:
+        assert len(out.strip()) > 10, out
+    else:
+        assert out.strip() == printed
+
+
 def test_the_batch_job_commands_of_readme_and_ray_data_docs_run_as_written(real_app, tmp_path):
     """The README's Ray Data commands, then docs/ray-data.md's (a job resumed, an OpenAI Batch file, embeddings), as
     written, one after another in a folder of their own beside ``.venv``: each job's rows all answered once."""

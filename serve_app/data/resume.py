@@ -39,6 +39,12 @@ PENDING_SUFFIX = ".pending.parquet"
 """Ray Data's name for a block's checkpoint written before its data and not yet committed."""
 
 
+def local_path(path: str) -> str:
+    """A local path made absolute from this process's folder, as its caller means it: Ray Data's tasks open it in
+    worker processes, whose folder is the cluster's. A URI (``s3://...``) is left as it is."""
+    return path if "://" in path else str(Path(path).expanduser().absolute())
+
+
 def input_kind(path: str) -> str:
     """The reader a file or folder needs, by extension (a folder is JSONL unless it holds Parquet)."""
     p = Path(path)
@@ -118,9 +124,11 @@ def read(path: str, id_column: str | None = None, blocks: int | None = None, col
     """A Ray Dataset from a file or folder, by extension. With ``id_column``, rows that the files do not already
     number get that column: ``"<file>:<row>"``, stable across runs (what a checkpoint needs). ``blocks`` splits
     what is read into about that many blocks (a checkpoint records a block at a time), in the read tasks.
-    ``columns``: the input's own, where known (:func:`local_shape`); else Ray Data reads them."""
+    ``columns``: the input's own, where known (:func:`local_shape`); else Ray Data reads them. A relative path is
+    from this process's folder (:func:`local_path`)."""
     import ray.data
 
+    path = local_path(path)
     kind = input_kind(path)
     # JSON through Arrow's reader, which reads JSON lines too: Ray's ``lines=True`` reader makes pandas blocks, which
     # Ray Data's checkpoint filter refuses (an AssertionError on resume when the input has its own ids).
