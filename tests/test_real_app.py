@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 
 from harness.procs import engine_of, processes, replicas
@@ -127,6 +129,35 @@ def test_the_batch_job_commands_of_readme_and_ray_data_docs_run_as_written(real_
     vectors = summary(printed)
     assert vectors["rows_out"] == 200 and vectors["errors"] == 0 and vectors["dimensions"] == [384], vectors
     assert list((tmp_path / "vectors").glob("*.parquet"))
+
+
+def test_the_python_ray_data_examples_run_as_written_from_the_project_folder(real_app):
+    """README's and docs/ray-data.md's Python jobs as written, from the project's folder, where ``make serve`` started
+    the cluster (Ray Data's tasks open relative paths there): a row answered; the dataset answered into
+    ``out-python/``; the checkpointed job twice, the second adding nothing; the texts embedded. Their outputs are
+    the ones .gitignore names, removed afterwards."""
+    made = ["out-python", "out-python.checkpoint", "vectors-python"]
+
+    def rows(folder: str) -> int:
+        return sum(len(f.read_text().splitlines()) for f in (ROOT / folder).glob("*.json"))
+
+    for name in made:
+        shutil.rmtree(ROOT / name, ignore_errors=True)
+    sample = ["-m", "serve_app.sample", "--rows", "200", "--output", "data/problems.jsonl"]  # README's command
+    subprocess.run([str(BIN / "python"), *sample], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    try:
+        assert real_app.run_example("README.md", "from serve_app.data import generate").strip()
+        real_app.run_example("docs/ray-data.md", 'out.write_json("out-python/")')
+        assert rows("out-python") == 200
+        for _ in range(2):  # a rerun adds only the rows the checkpoint does not hold: none
+            real_app.run_example("docs/ray-data.md", 'checkpoint="out-python.checkpoint"')
+            assert rows("out-python") == 400
+        real_app.run_example("docs/ray-data.md", "from serve_app.data import embed")
+        vectors = pq.read_table(ROOT / "vectors-python")
+        assert vectors.num_rows == 200 and len(vectors.column("embedding")[0]) == 384
+    finally:
+        for name in made:
+            shutil.rmtree(ROOT / name, ignore_errors=True)
 
 
 def test_http_generate_batches_concurrent_prompts(real_app):
