@@ -82,7 +82,7 @@ def test_serve_config_yaml_serves_the_bundled_adapter_beside_the_base_model():
     args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
     config = AppConfig.model_validate(args)
     assert config.lora is not None and config.lora.adapters == {"bundled-answer": "bundled"}
-    assert config.lora.max_loaded == 2 and config.routing.router == "tokens"
+    assert config.lora.max_loaded == 2 and config.routing.router == "tokens" and config.routing.adapter_weight > 0
 
 
 def test_serve_config_yaml_serves_embeddings_beside_generation_on_one_base_url():
