@@ -49,7 +49,7 @@ def test_the_summary_of_an_embedding_job_in_parquet_gives_the_vectors_dimensions
 
 def test_the_jobs_local_paths_are_made_absolute_from_the_callers_folder(tmp_path: Path, monkeypatch) -> None:
     """Ray Data reads and writes in worker processes whose folder is the cluster's: a relative path means the
-    caller's folder (``tests/test_real_app.py`` runs the docs' jobs from a folder of their own); a URI stays."""
+    caller's folder (``tests/test_real_docs.py`` runs the docs' jobs from a folder of their own); a URI stays."""
     monkeypatch.chdir(tmp_path)
     args = absolute_paths(parser().parse_args(["--input", "data/in.jsonl", "--output", "out/", "--checkpoint", "c"]))
     assert (args.input, args.output, args.checkpoint) == tuple(str(tmp_path / p) for p in ("data/in.jsonl", "out", "c"))
