@@ -45,6 +45,14 @@ def embeddings_up(server: Server) -> bool:
         return False
 
 
+def example(page: str, language: str, marker: str) -> str:
+    """The one ``language`` block of ``page`` (from the project's folder, e.g. ``docs/http.md``) that holds
+    ``marker``."""
+    text = (ROOT / page).read_text()
+    (block,) = [b for b in re.findall(rf"```{language}\n(.*?)```", text, flags=re.S) if marker in b]
+    return block
+
+
 class RealApp:
     """`serve run serve_config.yaml` as a user starts it (only the HTTP port moved off 8000), on the bundled models."""
 
@@ -72,11 +80,9 @@ class RealApp:
     def run_example(self, page: str, marker: str) -> str:
         """Run the Python example of ``page`` (from the project's folder, e.g. ``docs/http.md``) that holds
         ``marker``, as written but pointed at this app, as a user runs it beside ``make serve``: its output."""
-        text = (ROOT / page).read_text()
-        (example,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if marker in b]
-        example = example.replace("http://localhost:8000", self.url)
+        code = example(page, "python", marker).replace("http://localhost:8000", self.url)
         done = subprocess.run(
-            [sys.executable, "-c", example], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+            [sys.executable, "-c", code], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
         )
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
@@ -85,11 +91,9 @@ class RealApp:
         """Run each command of the shell example of ``page`` that holds ``marker`` in ``cwd``, as written but pointed
         at this app (``localhost:8000``, its cluster for a driver), one after another: each command (a line, the
         indented lines that continue it, a here-document's lines) with its output."""
-        text = (ROOT / page).read_text()
-        (example,) = [b for b in re.findall(r"```bash\n(.*?)```", text, flags=re.S) if marker in b]
         commands: list[str] = []
         until = None  # the end of a here-document
-        for line in example.splitlines():
+        for line in example(page, "bash", marker).splitlines():
             if until is not None or (line[:1].isspace() and commands):
                 commands[-1] += "\n" + line
                 until = None if line == until else until

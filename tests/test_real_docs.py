@@ -7,19 +7,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
+from harness.environment import BIN, ROOT
+
 from .test_streaming import sse_payloads
 
 pytestmark = pytest.mark.system
-
-ROOT = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 
 
 def test_readmes_http_commands_run_as_written_and_the_bundled_adapter_answers_as_trained(real_app):
